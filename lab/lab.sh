@@ -1,0 +1,315 @@
+#!/usr/bin/env bash
+# raymetal lab: local containers that stand in for bare-metal GPU servers.
+#
+#   lab/lab.sh up       build (once) the image and wheelhouse, start head + workers
+#   lab/lab.sh down     remove the containers, networks and SSH key this script made
+#   lab/lab.sh status   show what is running
+#   lab/lab.sh image    build the node image only (cached)
+#   lab/lab.sh wheelhouse  build the offline wheelhouse only (cached)
+#
+# Every node boots systemd as PID 1 and runs sshd; Ansible reaches it over the
+# management network. A second network is renamed to `ib0` inside each node and
+# stands in for the InfiniBand fabric. Nodes have no route to any package index:
+# they install Python packages from the wheelhouse only, as an air-gapped site.
+# See shared/testbed.md for why each container flag is what it is.
+set -euo pipefail
+
+LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$LAB_DIR/.." && pwd)
+
+LAB_PREFIX=${LAB_PREFIX:-raymetal}
+LAB_WORKERS=${LAB_WORKERS:-2}
+# /24 networks only; pick ranges that collide with nothing on your host.
+LAB_MGMT_SUBNET=${LAB_MGMT_SUBNET:-10.231.10.0/24}
+LAB_FABRIC_SUBNET=${LAB_FABRIC_SUBNET:-10.231.20.0/24}
+LAB_SHM_SIZE=${LAB_SHM_SIZE:-1g}
+LAB_CACHE=${RAYMETAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/raymetal}
+LAB_STATE=${LAB_STATE:-$LAB_DIR/.state}
+LAB_INVENTORY=${LAB_INVENTORY:-$ROOT/inventory/lab/hosts.yml}
+RAY_VERSION=${RAY_VERSION:-2.60.0}
+NCCL_WHEEL=${NCCL_WHEEL:-nvidia-nccl-cu12==2.32.3}
+PIP=${PIP:-$ROOT/.venv/bin/pip}
+
+# Everything the roles install from the OS is baked in: nodes are offline.
+# Stage 1 (debootstrap) gets the base system; stage 2 (apt-get in a chroot)
+# the rest: firewalld's polkitd does not configure inside debootstrap.
+BASE_PACKAGES=(
+  systemd systemd-sysv dbus python3 python3-venv python3-apt iproute2
+  openssh-server sudo ca-certificates
+)
+IMAGE_PACKAGES=(
+  acl rsync procps curl kmod pciutils iputils-ping netcat-openbsd nftables
+  ufw firewalld rdma-core ibverbs-utils infiniband-diags gnupg less
+)
+IMAGE_TAG=$(printf '%s\n' "${BASE_PACKAGES[@]}" "${IMAGE_PACKAGES[@]}" "$(sed -n '/^build_rootfs()/,/^}/p' "${BASH_SOURCE[0]}")" | sha256sum | cut -c1-12)
+LAB_IMAGE=${LAB_IMAGE:-$LAB_PREFIX-node:$IMAGE_TAG}
+
+log() { printf '\033[1m[lab]\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[31m[lab] ERROR:\033[0m %s\n' "$*" >&2; exit 1; }
+
+net_base() { # 10.231.10.0/24 -> 10.231.10
+  local subnet=$1
+  [[ $subnet =~ ^([0-9]+\.[0-9]+\.[0-9]+)\.0/24$ ]] || die "subnet '$subnet' must be an a.b.c.0/24 network (LAB_MGMT_SUBNET / LAB_FABRIC_SUBNET)"
+  printf '%s' "${BASH_REMATCH[1]}"
+}
+
+node_names() {
+  printf '%s\n' head
+  local i
+  for ((i = 1; i <= LAB_WORKERS; i++)); do printf 'worker%d\n' "$i"; done
+}
+node_index() { [[ $1 == head ]] && echo 10 || echo $((10 + ${1#worker})); }
+
+ensure_docker() {
+  if ! command -v dockerd >/dev/null 2>&1; then
+    log "installing docker.io (Debian package)"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+  fi
+  if docker info >/dev/null 2>&1; then return; fi
+  log "starting dockerd (this host's PID 1 is not systemd)"
+  nohup dockerd >/var/log/dockerd.log 2>&1 &
+  local i
+  for ((i = 0; i < 60; i++)); do
+    docker info >/dev/null 2>&1 && return
+    sleep 1
+  done
+  die "dockerd did not come up in 60 s; see /var/log/dockerd.log"
+}
+
+debian_mirror() {
+  if [[ -n ${LAB_DEBIAN_MIRROR:-} ]]; then echo "$LAB_DEBIAN_MIRROR"; return; fi
+  # Use the mirror this host's apt already uses (deb822 or one-line format).
+  local uri
+  uri=$(grep -hsE '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' | grep -E '/debian/?$' | head -n1 || true)
+  [[ -n $uri ]] || uri=$(grep -hsE '^deb ' /etc/apt/sources.list | awk '{print $2}' | grep -E '/debian/?$' | head -n1 || true)
+  [[ -n $uri ]] || die "cannot find a Debian mirror in /etc/apt; set LAB_DEBIAN_MIRROR"
+  echo "$uri"
+}
+
+build_rootfs() {
+  local dir=$1 mirror
+  mirror=$(debian_mirror)
+  command -v debootstrap >/dev/null 2>&1 || {
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+  }
+  local include logf=${TMPDIR:-/tmp}/raymetal-debootstrap.log
+  include=$(IFS=,; echo "${BASE_PACKAGES[*]}")
+  debootstrap --variant=minbase --include="$include" bookworm "$dir" "$mirror" >"$logf" 2>&1 \
+    || die "debootstrap failed; see $logf"
+  cp /etc/resolv.conf "$dir/etc/resolv.conf"
+  printf '#!/bin/sh\nexit 101\n' >"$dir/usr/sbin/policy-rc.d" && chmod +x "$dir/usr/sbin/policy-rc.d"
+  mount -t proc proc "$dir/proc"
+  local rc=0
+  { chroot "$dir" apt-get update -q && DEBIAN_FRONTEND=noninteractive chroot "$dir" \
+      apt-get install -y -q --no-install-recommends "${IMAGE_PACKAGES[@]}"; } >>"$logf" 2>&1 || rc=$?
+  umount "$dir/proc"
+  rm -f "$dir/usr/sbin/policy-rc.d" "$dir/etc/resolv.conf"
+  ((rc == 0)) || die "installing packages into the image failed; see $logf"
+  # The firewall role picks and enables a backend itself; none may start on boot.
+  chroot "$dir" systemctl disable firewalld.service ufw.service nftables.service >/dev/null 2>&1 || true
+  chroot "$dir" systemctl mask getty@tty1.service console-getty.service systemd-firstboot.service >/dev/null 2>&1 || true
+  # Fresh host keys per container, made at first boot.
+  rm -f "$dir"/etc/ssh/ssh_host_*
+  mkdir -p "$dir/etc/systemd/system/ssh.service.d"
+  printf '[Service]\nExecStartPre=\nExecStartPre=/usr/bin/ssh-keygen -A\nExecStartPre=/usr/sbin/sshd -t\n' \
+    >"$dir/etc/systemd/system/ssh.service.d/lab-hostkeys.conf"
+  mkdir -p "$dir/root/.ssh" && chmod 700 "$dir/root/.ssh"
+  rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
+  : >"$dir/etc/machine-id"
+}
+
+cmd_image() {
+  ensure_docker
+  if docker image inspect "$LAB_IMAGE" >/dev/null 2>&1; then
+    log "image $LAB_IMAGE is cached"
+    return
+  fi
+  log "building node image $LAB_IMAGE from Debian packages (about 2 minutes, once)"
+  local work
+  work=$(mktemp -d /tmp/raymetal-rootfs.XXXXXX)
+  # shellcheck disable=SC2064
+  trap "rm -rf '$work'" RETURN
+  build_rootfs "$work/rootfs"
+  tar -C "$work/rootfs" -c . | docker import -c 'CMD ["/lib/systemd/systemd"]' - "$LAB_IMAGE" >/dev/null
+  log "image $LAB_IMAGE built"
+}
+
+cmd_wheelhouse() {
+  local wh=$LAB_CACHE/wheelhouse
+  if [[ -f $wh/.complete-ray-$RAY_VERSION ]]; then
+    log "wheelhouse for ray $RAY_VERSION is cached in $wh"
+  else
+    log "downloading ray[default]==$RAY_VERSION and its dependencies into $wh"
+    mkdir -p "$wh"
+    "$PIP" download -q -d "$wh" "ray[default]==$RAY_VERSION" || die "pip download of ray failed"
+    touch "$wh/.complete-ray-$RAY_VERSION"
+  fi
+  local nccl=$LAB_CACHE/wheelhouse-nccl
+  if [[ -f $nccl/.complete-${NCCL_WHEEL//[^A-Za-z0-9.-]/_} ]]; then
+    log "NCCL wheel is cached in $nccl"
+  else
+    log "downloading $NCCL_WHEEL (about 350 MB, once) into $nccl"
+    mkdir -p "$nccl"
+    "$PIP" download -q --no-deps -d "$nccl" "$NCCL_WHEEL" || die "pip download of $NCCL_WHEEL failed"
+    touch "$nccl/.complete-${NCCL_WHEEL//[^A-Za-z0-9.-]/_}"
+  fi
+}
+
+ensure_network() {
+  local name=$1 subnet=$2
+  if docker network inspect "$name" >/dev/null 2>&1; then
+    local have
+    have=$(docker network inspect -f '{{range .IPAM.Config}}{{.Subnet}}{{end}}' "$name")
+    [[ $have == "$subnet" ]] || die "network $name exists with subnet $have, wanted $subnet; run 'make lab-down' first"
+    return
+  fi
+  docker network create --driver bridge --subnet "$subnet" \
+    --label "io.raymetal.lab=$LAB_PREFIX" "$name" >/dev/null
+  log "network $name ($subnet) created"
+}
+
+ensure_key() {
+  mkdir -p "$LAB_STATE"
+  chmod 700 "$LAB_STATE"
+  [[ -f $LAB_STATE/id_ed25519 ]] || ssh-keygen -q -t ed25519 -N '' -C "raymetal-lab" -f "$LAB_STATE/id_ed25519"
+}
+
+start_node() {
+  local node=$1 mgmt_ip=$2 fabric_ip=$3 name=$LAB_PREFIX-$1
+  if [[ $(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null || true) == true ]]; then
+    return
+  fi
+  docker rm -f "$name" >/dev/null 2>&1 || true
+  docker run -d --name "$name" --hostname "$name" \
+    --label "io.raymetal.lab=$LAB_PREFIX" --label "io.raymetal.node=$node" \
+    --cap-add SYS_ADMIN --cap-add NET_ADMIN \
+    --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+    --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw \
+    --tmpfs /run --tmpfs /run/lock --shm-size "$LAB_SHM_SIZE" \
+    --network "$LAB_PREFIX-mgmt" --ip "$mgmt_ip" \
+    "$LAB_IMAGE" /lib/systemd/systemd >/dev/null
+  docker network connect --ip "$fabric_ip" "$LAB_PREFIX-fabric" "$name"
+  # The fabric NIC appears as eth1; real hosts call it ib0.
+  docker exec "$name" sh -c 'ip link set eth1 down && ip link set eth1 name ib0 && ip link set ib0 up'
+  log "node $name started (mgmt $mgmt_ip, ib0 $fabric_ip)"
+}
+
+wait_node() {
+  local name=$LAB_PREFIX-$1 ip=$2 i state
+  for ((i = 0; i < 60; i++)); do
+    state=$(docker exec "$name" systemctl is-system-running 2>/dev/null || true)
+    [[ $state == running || $state == degraded ]] && break
+    sleep 1
+  done
+  docker exec -i "$name" sh -c 'umask 077; mkdir -p /root/.ssh; cat > /root/.ssh/authorized_keys' <"$LAB_STATE/id_ed25519.pub"
+  for ((i = 0; i < 60; i++)); do
+    if ssh -q -i "$LAB_STATE/id_ed25519" -o BatchMode=yes -o StrictHostKeyChecking=no \
+      -o UserKnownHostsFile=/dev/null -o ConnectTimeout=2 "root@$ip" true 2>/dev/null; then
+      return
+    fi
+    sleep 1
+  done
+  die "cannot SSH to $name at $ip after 60 s (systemd state: ${state:-unknown}); try 'docker exec $name journalctl -u ssh'"
+}
+
+write_inventory() {
+  local mgmt fabric node idx
+  mgmt=$(net_base "$LAB_MGMT_SUBNET")
+  fabric=$(net_base "$LAB_FABRIC_SUBNET")
+  {
+    echo "# Generated by lab/lab.sh up: the lab's $((LAB_WORKERS + 1)) nodes. Do not edit; see group_vars/."
+    echo "ray_cluster:"
+    echo "  children:"
+    echo "    ray_head:"
+    echo "      hosts:"
+    idx=$(node_index head)
+    echo "        $LAB_PREFIX-head: {ansible_host: $mgmt.$idx, lab_fabric_ip: $fabric.$idx}"
+    echo "    ray_worker:"
+    if ((LAB_WORKERS > 0)); then
+      echo "      hosts:"
+      while read -r node; do
+        [[ $node == head ]] && continue
+        idx=$(node_index "$node")
+        echo "        $LAB_PREFIX-$node: {ansible_host: $mgmt.$idx, lab_fabric_ip: $fabric.$idx}"
+      done < <(node_names)
+    else
+      echo "      hosts: {}"
+    fi
+  } >"$LAB_INVENTORY"
+}
+
+cmd_up() {
+  [[ $LAB_WORKERS =~ ^[0-9]+$ ]] && ((LAB_WORKERS <= 20)) || die "LAB_WORKERS must be a number from 0 to 20, got '$LAB_WORKERS'"
+  ensure_docker
+  cmd_image
+  cmd_wheelhouse
+  ensure_key
+  ensure_network "$LAB_PREFIX-mgmt" "$LAB_MGMT_SUBNET"
+  ensure_network "$LAB_PREFIX-fabric" "$LAB_FABRIC_SUBNET"
+  local mgmt fabric node idx
+  mgmt=$(net_base "$LAB_MGMT_SUBNET")
+  fabric=$(net_base "$LAB_FABRIC_SUBNET")
+  # Workers beyond LAB_WORKERS from an earlier, larger lab are removed.
+  local keep
+  keep=$(node_names | sed "s/^/$LAB_PREFIX-/")
+  while read -r name; do
+    [[ -z $name ]] && continue
+    grep -qx "$name" <<<"$keep" || { docker rm -f "$name" >/dev/null; log "removed surplus node $name"; }
+  done < <(docker ps -a --filter "label=io.raymetal.lab=$LAB_PREFIX" --format '{{.Names}}' | grep -E -- "-worker[0-9]+$" || true)
+  while read -r node; do
+    idx=$(node_index "$node")
+    start_node "$node" "$mgmt.$idx" "$fabric.$idx"
+  done < <(node_names)
+  while read -r node; do
+    idx=$(node_index "$node")
+    wait_node "$node" "$mgmt.$idx" &
+  done < <(node_names)
+  local failed=0
+  for job in $(jobs -p); do wait "$job" || failed=1; done
+  ((failed == 0)) || die "some nodes are not reachable over SSH"
+  write_inventory
+  log "lab is up: $((LAB_WORKERS + 1)) nodes, inventory in ${LAB_INVENTORY#"$ROOT"/}"
+}
+
+cmd_down() {
+  local ids
+  ids=$(docker ps -aq --filter "label=io.raymetal.lab=$LAB_PREFIX" 2>/dev/null || true)
+  [[ -z $ids ]] || docker rm -f $ids >/dev/null
+  local net
+  for net in $(docker network ls -q --filter "label=io.raymetal.lab=$LAB_PREFIX" 2>/dev/null || true); do
+    docker network rm "$net" >/dev/null
+  done
+  rm -rf "$LAB_STATE" "$LAB_INVENTORY"
+  log "lab is down (image $LAB_IMAGE and the wheelhouse in $LAB_CACHE are kept)"
+}
+
+cmd_status() {
+  if ! docker info >/dev/null 2>&1; then echo "dockerd is not running"; return 0; fi
+  echo "image:      $LAB_IMAGE $(docker image inspect "$LAB_IMAGE" >/dev/null 2>&1 && echo '(cached)' || echo '(not built)')"
+  echo "wheelhouse: $LAB_CACHE/wheelhouse $(ls "$LAB_CACHE"/wheelhouse/.complete-* >/dev/null 2>&1 && echo '(cached)' || echo '(not built)')"
+  local name
+  local rows
+  rows=$(docker ps -a --filter "label=io.raymetal.lab=$LAB_PREFIX" --format '{{.Names}}')
+  if [[ -z $rows ]]; then echo "nodes:      none (run 'make lab-up')"; return 0; fi
+  printf '%-22s %-9s %-16s %-16s %s\n' NODE STATE MGMT IB0 SYSTEMD
+  for name in $rows; do
+    local state mgmt ib0 sysd
+    state=$(docker inspect -f '{{.State.Status}}' "$name")
+    mgmt=$(docker inspect -f "{{(index .NetworkSettings.Networks \"$LAB_PREFIX-mgmt\").IPAddress}}" "$name" 2>/dev/null || echo -)
+    ib0=$(docker exec "$name" ip -4 -o addr show ib0 2>/dev/null | awk '{print $4}' || echo -)
+    sysd=$(docker exec "$name" systemctl is-system-running 2>/dev/null || true)
+    printf '%-22s %-9s %-16s %-16s %s\n' "$name" "$state" "$mgmt" "${ib0:--}" "${sysd:--}"
+  done
+}
+
+case ${1:-} in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  image) cmd_image ;;
+  wheelhouse) cmd_wheelhouse ;;
+  image-name) echo "$LAB_IMAGE" ;;
+  *) echo "usage: $0 up|down|status|image|wheelhouse|image-name" >&2; exit 2 ;;
+esac
