@@ -35,7 +35,7 @@ PIP=${PIP:-$ROOT/.venv/bin/pip}
 # the rest: firewalld's polkitd does not configure inside debootstrap.
 BASE_PACKAGES=(
   systemd systemd-sysv dbus python3 python3-venv python3-apt iproute2
-  openssh-server sudo ca-certificates
+  openssh-server sudo ca-certificates python3-packaging
 )
 IMAGE_PACKAGES=(
   acl rsync procps curl kmod pciutils iputils-ping netcat-openbsd nftables
@@ -60,12 +60,23 @@ node_names() {
 }
 node_index() { [[ $1 == head ]] && echo 10 || echo $((10 + ${1#worker})); }
 
-ensure_docker() {
-  if ! command -v dockerd >/dev/null 2>&1; then
-    log "installing docker.io (Debian package)"
+cmd_deps() {
+  local missing=()
+  command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+  command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+  command -v rsync >/dev/null 2>&1 || missing+=(rsync)
+  command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  if ((${#missing[@]})); then
+    log "installing ${missing[*]} (Debian packages)"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
+  ensure_docker
+}
+
+ensure_docker() {
+  command -v dockerd >/dev/null 2>&1 || cmd_deps
   if docker info >/dev/null 2>&1; then return; fi
   log "starting dockerd (this host's PID 1 is not systemd)"
   nohup dockerd >/var/log/dockerd.log 2>&1 &
@@ -90,10 +101,7 @@ debian_mirror() {
 build_rootfs() {
   local dir=$1 mirror
   mirror=$(debian_mirror)
-  command -v debootstrap >/dev/null 2>&1 || {
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
-  }
+  command -v debootstrap >/dev/null 2>&1 || cmd_deps
   local include logf=${TMPDIR:-/tmp}/raymetal-debootstrap.log
   include=$(IFS=,; echo "${BASE_PACKAGES[*]}")
   debootstrap --variant=minbase --include="$include" bookworm "$dir" "$mirror" >"$logf" 2>&1 \
@@ -305,11 +313,12 @@ cmd_status() {
 }
 
 case ${1:-} in
+  deps) cmd_deps ;;
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
   image) cmd_image ;;
   wheelhouse) cmd_wheelhouse ;;
   image-name) echo "$LAB_IMAGE" ;;
-  *) echo "usage: $0 up|down|status|image|wheelhouse|image-name" >&2; exit 2 ;;
+  *) echo "usage: $0 deps|up|down|status|image|wheelhouse|image-name" >&2; exit 2 ;;
 esac

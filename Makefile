@@ -1,0 +1,79 @@
+# raymetal: `make demo` builds the lab and deploys a Ray cluster on it;
+# `make test` runs every check CI runs. Both install what they need.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+LAB := lab/lab.sh
+INVENTORY ?= inventory/lab
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+# Molecule scenarios run by `make test`, one after another.
+MOLECULE_SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
+
+.PHONY: help deps venv lab-up lab-down lab-status demo deploy status lint unit molecule e2e test bench clean
+
+help: ## Show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+
+deps: ## Install the OS packages the controller needs (docker.io, debootstrap, rsync, ssh)
+	@bash $(LAB) deps
+
+$(BIN)/.installed: requirements.txt requirements-dev.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
+venv: $(BIN)/.installed ## Create .venv with the pinned toolchain
+
+lab-up: deps venv ## Start the lab: 1 head + LAB_WORKERS (2) workers, offline, with ib0
+	@bash $(LAB) up
+
+lab-down: ## Remove the lab's containers, networks and key (keeps the cached image and wheelhouse)
+	@bash $(LAB) down
+
+lab-status: ## Show the lab's nodes
+	@bash $(LAB) status
+
+demo: lab-up ## Build the lab, deploy a 3-node Ray cluster, print its resources
+	$(BIN)/ansible-playbook site.yml -i $(INVENTORY)
+
+deploy: venv ## Deploy onto INVENTORY (default: the lab)
+	$(BIN)/ansible-playbook site.yml -i $(INVENTORY)
+
+status: venv ## Print the cluster's nodes and resources
+	$(BIN)/ansible-playbook playbooks/status.yml -i $(INVENTORY)
+
+lint: venv ## yamllint and ansible-lint (production profile)
+	$(BIN)/yamllint -s .
+	$(BIN)/ansible-lint --strict
+
+unit: venv deps ## Unit tests (modules, filters, fixtures)
+	$(BIN)/pytest -q tests/unit
+
+molecule: venv deps ## Molecule scenarios (each with its idempotence step)
+	@bash $(LAB) image
+	@export RAYMETAL_LAB_IMAGE=$$(bash $(LAB) image-name); \
+	for s in $(MOLECULE_SCENARIOS); do \
+	  echo "=== molecule test -s $$s"; \
+	  $(BIN)/molecule test -s $$s || exit 1; \
+	done
+
+e2e: lab-up ## End-to-end tests against the lab
+	$(BIN)/pytest -q tests/lab
+
+test: ## Everything CI runs: lint, unit, molecule, lab end-to-end; cleans up after itself
+	@rc=0; \
+	$(MAKE) --no-print-directory lint unit molecule e2e || rc=$$?; \
+	$(MAKE) --no-print-directory lab-down || true; \
+	exit $$rc
+
+bench: lab-up ## Benchmarks (print ratios measured in one run)
+	$(BIN)/python bench/deploy/run.py
+	$(BIN)/python bench/facts/run.py
+
+clean: lab-down ## Remove the lab and the venv
+	rm -rf $(VENV) .cache artifacts

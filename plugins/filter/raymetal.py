@@ -1,0 +1,79 @@
+"""Filters shared by raymetal's roles and playbooks."""
+
+from __future__ import annotations
+
+DOCUMENTATION_PORT_PROBLEMS = """
+name: port_problems
+short_description: Find invalid or colliding port settings
+description:
+  - Takes a dict of variable name to port, plus the worker port range, and
+    returns one readable sentence per problem (empty list when all is well).
+"""
+
+
+def _as_port(value):
+    try:
+        port = int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+    return port
+
+
+def port_problems(ports, min_worker_port, max_worker_port, low=1024, high=65535):
+    """Return human-readable problems with a set of named ports.
+
+    ``ports`` maps variable names to port values. Checks: each is an integer in
+    [low, high]; no two variables share a port; none falls inside the worker
+    port range [min_worker_port, max_worker_port]; the range itself is valid.
+    """
+    problems = []
+    owners = {}
+    for name in sorted(ports):
+        port = _as_port(ports[name])
+        if port is None:
+            problems.append("%s=%r is not a port number" % (name, ports[name]))
+            continue
+        if not low <= port <= high:
+            problems.append("%s=%d is outside %d-%d" % (name, port, low, high))
+            continue
+        owners.setdefault(port, []).append(name)
+    lo, hi = _as_port(min_worker_port), _as_port(max_worker_port)
+    if lo is None or hi is None or not (low <= lo < hi <= high):
+        problems.append(
+            "worker port range %s-%s is invalid (need %d <= min < max <= %d)"
+            % (min_worker_port, max_worker_port, low, high)
+        )
+        lo = hi = None
+    for port in sorted(owners):
+        names = owners[port]
+        if len(names) > 1:
+            problems.append("port %d is used by %s" % (port, " and ".join(names)))
+        if lo is not None and lo <= port <= hi:
+            problems.append(
+                "%s=%d is inside the worker port range %d-%d" % (names[0], port, lo, hi)
+            )
+    return problems
+
+
+def ipv4_by_interface(facts):
+    """Summarise a host's IPv4 addresses as 'ib0=10.0.0.1/24, eth0=...'.
+
+    ``facts`` is ``ansible_facts`` with network facts gathered.
+    """
+    parts = []
+    for name in sorted(facts.get("interfaces", [])):
+        info = facts.get(name.replace("-", "_"), {})
+        ipv4 = info.get("ipv4") if isinstance(info, dict) else None
+        if ipv4 and ipv4.get("address"):
+            parts.append("%s=%s/%s" % (name, ipv4["address"], ipv4.get("prefix", "?")))
+    return ", ".join(parts) if parts else "none"
+
+
+class FilterModule:
+    """raymetal filters."""
+
+    def filters(self):
+        return {
+            "port_problems": port_problems,
+            "ipv4_by_interface": ipv4_by_interface,
+        }

@@ -1,0 +1,92 @@
+"""Bad inventories fail in validation with one clear message and change nothing.
+
+Each fixture in tests/fixtures/inventories/ is a broken inventory over the lab's
+hosts. site.yml runs against it; the test checks the message, that it is
+raised once, and that no file under the paths raymetal manages changed on any
+lab node.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import yaml
+
+from tests.lab import labkit
+
+FIXTURES = labkit.ROOT / "tests" / "fixtures" / "inventories"
+WATCHED = "/etc /opt /usr /var/lib/ray /var/cache/raymetal"
+
+CASES = {
+    "empty": r"has no host in group ray_head",
+    "no_head": r"has no host in group ray_head",
+    "two_heads": r"Exactly one head is required in group ray_head; found 2: raymetal-head, raymetal-worker1",
+    "head_is_worker": r"raymetal-head are in both ray_head and ray_worker",
+    "stray_host": r"raymetal-worker2 are in ray_cluster but in neither ray_head nor ray_worker",
+    "unreachable": r"1 host\(s\) cannot be reached, so nothing was changed anywhere: raymetal-ghost \(ansible_host=10\.\d+\.\d+\.250",
+    "non_systemd": r"controller-not-systemd: service manager is \w+, not systemd",
+}
+
+
+def make_inventory(tmp_path, case, lab):
+    inv = tmp_path / "inventory"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "host_vars").mkdir()
+    shutil.copy(FIXTURES / f"{case}.yml", inv / "hosts.yml")
+    lab_vars = yaml.safe_load((labkit.LAB_INVENTORY / "group_vars" / "ray_cluster.yml").read_text())
+    connection = {k: v for k, v in lab_vars.items() if k.startswith("ansible_")}
+    connection["ansible_ssh_private_key_file"] = str(labkit.ROOT / "lab" / ".state" / "id_ed25519")
+    connection["ansible_ssh_common_args"] += " -o ConnectTimeout=3"
+    head_ip = lab["raymetal-head"]["ansible_host"]
+    connection["lab_unused_address"] = head_ip.rsplit(".", 1)[0] + ".250"
+    (inv / "group_vars" / "all.yml").write_text(yaml.safe_dump(connection))
+    for name, hvars in lab.items():
+        (inv / "host_vars" / f"{name}.yml").write_text(yaml.safe_dump({"ansible_host": hvars["ansible_host"]}))
+    # The controller stands for a non-systemd host: it must keep its own connection.
+    (inv / "host_vars" / "controller-not-systemd.yml").write_text(
+        yaml.safe_dump({"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"})
+    )
+    return inv
+
+
+@pytest.fixture
+def marked_nodes(lab):
+    """Stamp every lab node so the test can list files changed afterwards."""
+    for name in lab:
+        labkit.sh(name, "touch /root/.raymetal-validate-marker && sleep 1")
+    yield lab
+    for name in lab:
+        labkit.sh(name, "rm -f /root/.raymetal-validate-marker", check=False)
+
+
+def changed_files(name):
+    out = labkit.sh(
+        name, f"find {WATCHED} -xdev -newer /root/.raymetal-validate-marker -print 2>/dev/null | head -20", check=False
+    )
+    return out.stdout.split()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_inventory_fails_once_and_changes_nothing(case, tmp_path, marked_nodes):
+    inv = make_inventory(tmp_path, case, marked_nodes)
+    rc, out = labkit.run_playbook("site.yml", inv, timeout=300)
+    assert rc != 0, out
+    assert re.search(CASES[case], out), f"expected /{CASES[case]}/ in:\n{out}"
+    # One failure, raised once (run_once asserts), no traceback. An unreachable
+    # host also prints Ansible's own "fatal: ... UNREACHABLE ... ...ignoring".
+    assert out.count("fatal:") - out.count("...ignoring") == 1, out
+    assert "Traceback" not in out, out
+    # Nothing was reported changed, and nothing changed on disk.
+    assert all(c.get("changed", 0) == 0 for c in labkit.recap(out).values()), out
+    for name in marked_nodes:
+        assert changed_files(name) == [], f"{name} was modified by a failed validation"
+
+
+def test_good_inventory_passes_validation(lab):
+    rc, out = labkit.run_playbook("playbooks/validate.yml", labkit.LAB_INVENTORY)
+    assert rc == 0, out
+    recap = labkit.recap(out)
+    assert set(lab) <= set(recap)
+    assert all(c["failed"] == 0 and c["changed"] == 0 for c in recap.values())
