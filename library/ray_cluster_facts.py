@@ -1,0 +1,1 @@
+../plugins/modules/ray_cluster_facts.py

@@ -1,0 +1,408 @@
+"""Unit tests for plugins/modules/ray_cluster_facts.py.
+
+A stdlib http.server on 127.0.0.1 (random port, in a thread) replays responses
+recorded from a real Ray 2.60 cluster (tests/fixtures/ray_api/, made by
+tests/fixtures/record_ray_api.py): a head with 2 CPUs and 2 GPUs alone
+(head_only), joined by a second node while an actor holds 1 CPU and 1 GPU
+(two_alive), and after that node was killed (one_dead), plus Ray's own 401
+and 403 answers. Like Ray, the replay server answers 401 without a token and
+403 with a wrong one; /api/gcs_healthz needs none.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures" / "ray_api"
+sys.path.insert(0, str(REPO / "plugins" / "modules"))
+
+import ray_cluster_facts as rcf  # noqa: E402  (module path added above)
+
+TOKEN = "f" * 64
+HEAD_IP = "127.0.0.2"
+WORKER_IP = "127.0.0.3"
+EXPECTED = {"raymetal-head": HEAD_IP, "raymetal-worker1": WORKER_IP}
+
+
+def load(scenario, name):
+    return json.loads((FIXTURES / scenario / (name + ".json")).read_text())
+
+
+class ReplayServer:
+    """Serve recordings; `scenarios` is consumed one per nodes request, the last one sticks."""
+
+    def __init__(self, scenarios):
+        self.scenarios = list(scenarios)
+        self.override = {}  # path -> (status, body): answers that replace the recordings
+        self.requests = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                server.requests.append((self.path, self.headers.get("Authorization")))
+                status, ctype, body = server.answer(self.path, self.headers.get("Authorization"))
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def answer(self, path, auth):
+        if path in self.override:
+            status, body = self.override[path]
+            return status, "application/json", body
+        if path != "/api/gcs_healthz":
+            if auth is None:
+                rec = load("auth", "no_token")
+                return rec["status"], rec["content_type"], rec["body"]
+            if auth != "Bearer " + TOKEN:
+                rec = load("auth", "wrong_token")
+                return rec["status"], rec["content_type"], rec["body"]
+        name = {"/api/version": "version", "/api/gcs_healthz": "gcs_healthz",
+                "/api/v0/nodes?detail=true": "nodes", "/api/cluster_status": "cluster_status"}.get(path)
+        if name is None:
+            return 404, "text/plain", "404: Not Found"
+        scenario = self.scenarios[0]
+        if name == "nodes" and len(self.scenarios) > 1:
+            self.scenarios.pop(0)
+        rec = load(scenario, name)
+        assert rec["path"] == path
+        return rec["status"], rec["content_type"], rec["body"]
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    path = tmp_path / "auth_token"
+    path.write_text(TOKEN + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def params(server_url, token_path, **extra):
+    base = {"address": server_url, "config_path": "/nonexistent/cluster.json", "token_path": token_path,
+            "wait_for_nodes": 0, "expected_nodes": {}, "timeout": 5, "validate_certs": True}
+    base.update(extra)
+    return base
+
+
+class FakeClock:
+    """Monotonic clock that advances only when the module sleeps."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.sleeps = []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def gather(p, clock=None):
+    clock = clock or FakeClock()
+    return rcf.gather(p, sleep=clock.sleep, clock=clock)
+
+
+# --- facts from recorded answers -------------------------------------------------------------
+
+
+def test_two_alive_nodes_with_gpu_head(token_file):
+    with ReplayServer(["two_alive"]) as srv:
+        facts = gather(params(srv.url, token_file, expected_nodes=EXPECTED))
+    assert facts["ray_version"] == "2.60.0"
+    assert facts["healthy"] is True
+    assert (facts["nodes_alive"], facts["nodes_dead"]) == (2, 0)
+    assert facts["missing"] == []
+    assert facts["totals"]["CPU"] == 3.0
+    assert facts["totals"]["GPU"] == 2.0
+    assert facts["totals"]["fabric_ib"] == 1.0
+    assert facts["totals"]["object_store_memory"] == 256 * 2**20 + 128 * 2**20
+    assert not any(k.startswith("node:") for k in facts["totals"])
+    # the holder actor takes 1 CPU and 1 GPU on the head; camel-cased names map back
+    assert facts["available"]["CPU"] == 2.0
+    assert facts["available"]["GPU"] == 1.0
+    assert facts["available"]["fabric_ib"] == 1.0
+    head, worker = facts["nodes"]
+    assert (head["hostname"], head["ip"], head["is_head"], head["state"]) == ("raymetal-head", HEAD_IP, True, "ALIVE")
+    assert head["resources"]["GPU"] == 2.0 and head["available"]["GPU"] == 1.0
+    assert (worker["hostname"], worker["ip"], worker["is_head"]) == ("raymetal-worker1", WORKER_IP, False)
+    assert worker["labels"]["rack"] == "r2"
+    assert len(worker["node_id"]) == 56
+    # every API call but the health check carries the token
+    assert all(auth == "Bearer " + TOKEN for _, auth in srv.requests)
+    assert {p for p, _ in srv.requests} == {"/api/version", "/api/gcs_healthz",
+                                             "/api/v0/nodes?detail=true", "/api/cluster_status"}
+
+
+def test_dead_node_counted_apart_and_named_missing(token_file):
+    with ReplayServer(["one_dead"]) as srv:
+        facts = gather(params(srv.url, token_file, expected_nodes=EXPECTED))
+    assert (facts["nodes_alive"], facts["nodes_dead"]) == (1, 1)
+    assert facts["missing"] == ["raymetal-worker1"]
+    assert facts["totals"]["CPU"] == 2.0  # DEAD node's resources left out
+    dead = facts["nodes"][-1]
+    assert dead["state"] == "DEAD" and dead["available"] == {}
+    assert "SIGTERM" in dead["state_message"]
+
+
+def test_autoscaler_not_reported_yet_counts_nodes_idle(token_file):
+    with ReplayServer(["head_only"]) as srv:
+        facts = gather(params(srv.url, token_file))
+    assert facts["nodes_alive"] == 1
+    assert facts["available"] == facts["totals"]
+    assert facts["nodes"][0]["hostname"] == HEAD_IP  # no expected_nodes: Ray's node name
+
+
+def test_wait_for_nodes_polls_until_enough_alive(token_file):
+    clock = FakeClock()
+    with ReplayServer(["head_only", "head_only", "two_alive"]) as srv:
+        facts = gather(params(srv.url, token_file, wait_for_nodes=2, timeout=30), clock)
+    assert facts["nodes_alive"] == 2
+    assert len(clock.sleeps) == 2
+    assert sum(1 for p, _ in srv.requests if p.startswith("/api/v0/nodes")) == 3
+
+
+def test_wait_for_nodes_timeout_names_missing_hosts(token_file):
+    expected = dict(EXPECTED, **{"raymetal-worker2": "127.0.0.4"})
+    with ReplayServer(["one_dead"]) as srv:
+        with pytest.raises(rcf.RayFactsError) as err:
+            gather(params(srv.url, token_file, wait_for_nodes=3, timeout=10, expected_nodes=expected))
+    msg = str(err.value)
+    assert "timed out after 10 s waiting for 3 ALIVE Ray nodes; 1 alive (127.0.0.2)" in msg
+    assert "raymetal-worker1 (127.0.0.3), raymetal-worker2 (127.0.0.4)" in msg
+    assert "raymetal-head" not in msg
+    assert "DEAD in the GCS: 127.0.0.3" in msg
+    assert "journalctl -u ray-worker -n 50" in msg
+
+
+# --- errors: one clear message each -----------------------------------------------------------
+
+
+def test_wrong_token_is_403_message(tmp_path):
+    bad = tmp_path / "tok"
+    bad.write_text("0" * 64)
+    with ReplayServer(["two_alive"]) as srv:
+        with pytest.raises(rcf.RayFactsError) as err:
+            gather(params(srv.url, str(bad)))
+    assert "403 Forbidden (Forbidden: Invalid authentication token)" in str(err.value)
+    assert "not the cluster's token" in str(err.value)
+
+
+def test_401_message_names_auth_mode(token_file):
+    rec = load("auth", "no_token")
+    with ReplayServer(["two_alive"]) as srv:
+        srv.override["/api/version"] = (rec["status"], rec["body"])
+        with pytest.raises(rcf.RayFactsError) as err:
+            gather(params(srv.url, token_file))
+    assert "401 Unauthorized (Unauthorized: Missing authentication token)" in str(err.value)
+    assert "RAY_AUTH_MODE=token" in str(err.value)
+
+
+def test_connection_refused_names_head_unit(token_file, tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    config = tmp_path / "cluster.json"
+    config.write_text(json.dumps({"dashboard_url": "http://127.0.0.1:%d" % port, "token_path": token_file,
+                                  "head_unit": "ray-head.service"}))
+    with pytest.raises(rcf.RayFactsError) as err:
+        gather(params(None, None, config_path=str(config)))
+    msg = str(err.value)
+    assert msg.startswith("connection refused at http://127.0.0.1:%d/api/version" % port)
+    assert "ray-head.service" in msg and "journalctl -u ray-head -n 50" in msg
+
+
+def test_missing_token_file(tmp_path):
+    with pytest.raises(rcf.RayFactsError) as err:
+        gather(params("http://127.0.0.1:9", str(tmp_path / "nope")))
+    assert "Ray auth token file %s does not exist" % (tmp_path / "nope") in str(err.value)
+    assert "owner ray, mode 0600" in str(err.value)
+
+
+def test_unreadable_token_names_path_owner_mode_uid(token_file, monkeypatch):
+    real_open = open
+
+    def deny(path, *args, **kwargs):
+        if str(path) == token_file:
+            raise PermissionError(13, "Permission denied", token_file)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(rcf, "open", deny, raising=False)
+    with pytest.raises(rcf.RayFactsError) as err:
+        gather(params("http://127.0.0.1:9", token_file))
+    msg = str(err.value)
+    assert "cannot read Ray auth token file %s" % token_file in msg
+    assert "mode 0600" in msg and "runs as uid %d" % os.geteuid() in msg
+    assert "Permission denied" in msg and "become: true" in msg
+
+
+def test_empty_token_file(tmp_path):
+    empty = tmp_path / "tok"
+    empty.write_text("\n")
+    with pytest.raises(rcf.RayFactsError, match="is empty"):
+        gather(params("http://127.0.0.1:9", str(empty)))
+
+
+def test_non_json_answer_is_shown_truncated(token_file):
+    page = "<html>" + "x" * 1000 + "</html>"
+    with ReplayServer(["two_alive"]) as srv:
+        srv.override["/api/version"] = (200, page)
+        with pytest.raises(rcf.RayFactsError) as err:
+            gather(params(srv.url, token_file))
+    msg = str(err.value)
+    assert "/api/version did not answer JSON; received: <html>xxx" in msg
+    assert "(1013 chars in all)" in msg and len(msg) < 500
+
+
+def test_unexpected_json_shape_is_shown(token_file):
+    with ReplayServer(["two_alive"]) as srv:
+        srv.override["/api/v0/nodes?detail=true"] = (200, json.dumps({"result": False, "msg": "boom"}))
+        with pytest.raises(rcf.RayFactsError) as err:
+            gather(params(srv.url, token_file))
+    assert 'unexpected JSON from /api/v0/nodes?detail=true (no data.result.result list); ' \
+           'received: {"msg": "boom", "result": false}' in str(err.value)
+
+
+def test_no_config_and_no_address(tmp_path):
+    with pytest.raises(rcf.RayFactsError, match="does not exist and no address was given"):
+        gather(params(None, None, config_path=str(tmp_path / "cluster.json")))
+
+
+def test_gcs_unhealthy_is_reported_not_fatal(token_file):
+    with ReplayServer(["two_alive"]) as srv:
+        srv.override["/api/gcs_healthz"] = (503, "GCS is unreachable")
+        facts = gather(params(srv.url, token_file))
+    assert facts["healthy"] is False and facts["nodes_alive"] == 2
+
+
+# --- through AnsibleModule ------------------------------------------------------------------------
+
+
+class ExitJson(Exception):
+    pass
+
+
+class FailJson(Exception):
+    pass
+
+
+def run_main(args):
+    def exit_json(self, **kwargs):
+        raise ExitJson(kwargs)
+
+    def fail_json(self, **kwargs):
+        raise FailJson(kwargs)
+
+    with mock.patch.multiple(basic.AnsibleModule, exit_json=exit_json, fail_json=fail_json):
+        with patch_module_args(args):
+            rcf.main()
+
+
+def test_main_returns_facts_from_config_in_check_mode(token_file, tmp_path):
+    with ReplayServer(["two_alive"]) as srv:
+        config = tmp_path / "cluster.json"
+        config.write_text(json.dumps({"dashboard_url": srv.url, "token_path": token_file}))
+        with pytest.raises(ExitJson) as res:
+            run_main({"config_path": str(config), "expected_nodes": EXPECTED, "_ansible_check_mode": True})
+    result = res.value.args[0]
+    assert result["changed"] is False
+    assert result["ansible_facts"]["ray_cluster"]["nodes_alive"] == 2
+
+
+def test_main_fails_with_one_message(tmp_path):
+    with pytest.raises(FailJson) as res:
+        run_main({"address": "http://127.0.0.1:9", "token_path": str(tmp_path / "nope")})
+    assert set(res.value.args[0]) == {"msg"}
+    assert "does not exist" in res.value.args[0]["msg"]
+
+
+def test_camel_cased_usage_maps_back_to_ray_resource_names(token_file):
+    # The dashboard reports fabric_ib as fabricIb and object_store_memory as objectStoreMemory.
+    status = json.loads(load("two_alive", "cluster_status")["body"])
+    by_node = status["data"]["clusterStatus"]["loadMetricsReport"]["usageByNode"]
+    head_id = [n for n, u in by_node.items() if "GPU" in u][0]
+    by_node[head_id]["fabricIb"] = [1.0, 1.0]
+    by_node[head_id]["objectStoreMemory"][0] = float(2**20)
+    with ReplayServer(["two_alive"]) as srv:
+        srv.override["/api/cluster_status"] = (200, json.dumps(status))
+        facts = gather(params(srv.url, token_file))
+    head = facts["nodes"][0]
+    assert head["available"]["fabric_ib"] == 0.0
+    assert head["available"]["object_store_memory"] == 255 * 2**20
+    assert "fabricIb" not in facts["available"]
+
+
+# --- filters: plugins/filter/ray_cluster.py ----------------------------------------------------
+
+sys.path.insert(0, str(REPO / "plugins" / "filter"))
+import ray_cluster as rcfilter  # noqa: E402  (filter path added above)
+
+
+def test_summary_table_from_recorded_facts(token_file):
+    expected = dict(EXPECTED, **{"raymetal-worker2": "127.0.0.4"})
+    with ReplayServer(["one_dead"]) as srv:
+        facts = gather(params(srv.url, token_file, expected_nodes=expected))
+    lines = rcfilter.ray_summary_table(facts, expected)
+    print("\n".join(lines))
+    assert lines[0] == "Ray 2.60.0 at %s: GCS healthy, 1 alive, 1 dead" % srv.url
+    assert lines[1].split() == ["HOST", "FABRIC", "IP", "STATE", "CPUS", "GPUS", "MEM", "GiB", "OBJ", "GiB"]
+    body = {line.split()[0]: line.split() for line in lines[3:]}
+    assert body["raymetal-head"][1:5] == ["127.0.0.2", "ALIVE", "(head)", "2"]
+    assert body["raymetal-head"][5] == "2"
+    assert body["raymetal-head"][7] == "0.2"  # 256 MiB object store
+    assert body["raymetal-worker1"][1:3] == ["127.0.0.3", "DEAD"]
+    assert body["raymetal-worker2"] == ["raymetal-worker2", "127.0.0.4", "MISSING", "-", "-", "-", "-"]
+    assert body["TOTAL"][:5] == ["TOTAL", "(1", "alive)", "2", "2"]
+    assert body["AVAILABLE"][1:3] == ["1", "1"]  # the holder actor's CPU and GPU
+    assert lines[-1] == "Missing (no ALIVE Ray node at their fabric IP): raymetal-worker1, raymetal-worker2"
+    # fixed width: every column starts at the same offset on every row
+    offset = lines[1].index("STATE")
+    assert all(line[offset - 2:offset] == "  " for line in lines[3:-1] if not line.startswith("-"))
+
+
+def test_summary_table_with_empty_facts():
+    lines = rcfilter.ray_summary_table({}, {})
+    assert lines[0].startswith("Ray ? at ?: GCS NOT healthy, 0 alive")
+    assert lines[-1].split()[0] == "AVAILABLE"
+
+
+def test_fabric_ips_prefers_explicit_then_fabric_fact():
+    hostvars = {
+        "a": {"ray_node_ip_address": "10.0.0.1", "ansible_facts": {"fabric": {"address": "10.9.9.9"}}},
+        "b": {"ansible_facts": {"fabric": {"address": "10.0.0.2"}}},
+        "c": {"ray_node_ip_address": "", "ansible_facts": {}},
+        "d": {"ray_node_ip_address": "10.0.0.4"},
+    }
+    assert rcfilter.ray_fabric_ips(["a", "b", "c", "d", "e"], hostvars) == {
+        "a": "10.0.0.1", "b": "10.0.0.2", "d": "10.0.0.4"}

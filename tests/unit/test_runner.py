@@ -1,0 +1,156 @@
+"""Unit tests for raymetal/runner.py: real ansible-runner runs of tiny playbooks on localhost.
+
+The playbooks are written to a temporary directory and run with
+``ansible_connection=local``; they need no Ray cluster and no network.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from raymetal import runner  # noqa: E402  (repository root added above)
+from raymetal.runner import RaymetalError  # noqa: E402
+
+INVENTORY = """
+ray_cluster:
+  children:
+    ray_head:
+      hosts:
+        head1: {ansible_connection: local, ansible_python_interpreter: "{{ ansible_playbook_python }}"}
+    ray_worker:
+      hosts:
+        worker1: {ansible_connection: local, ansible_python_interpreter: "{{ ansible_playbook_python }}"}
+        ghost: {ansible_connection: ssh, ansible_host: 127.0.0.1, ansible_port: 1}
+"""
+
+PUBLISH = """
+- name: Publish a fake cluster state
+  hosts: ray_head
+  gather_facts: false
+  tasks:
+    - name: Publish it
+      ansible.builtin.set_stats:
+        data:
+          ray_cluster: {nodes_alive: "{{ nodes | int }}", ray_version: "2.60.0"}
+        aggregate: false
+"""
+
+UNREACHABLE = """
+- name: Reach every node
+  hosts: ray_cluster
+  gather_facts: false
+  tasks:
+    - name: Ping
+      ansible.builtin.ping:
+"""
+
+FAIL = """
+- name: Fail on one host
+  hosts: ray_cluster:!ghost
+  gather_facts: false
+  tasks:
+    - name: Step that works
+      ansible.builtin.debug:
+        msg: fine
+    - name: Ignored failure
+      ansible.builtin.command: /bin/false
+      changed_when: false
+      ignore_errors: true
+    - name: Check the worker
+      ansible.builtin.assert:
+        that: inventory_hostname != 'worker1'
+        fail_msg: worker1 is broken on purpose
+"""
+
+
+@pytest.fixture
+def inventory(tmp_path):
+    path = tmp_path / "hosts.yml"
+    path.write_text(INVENTORY)
+    return str(path)
+
+
+def playbook(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "play.yml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_set_stats_data_is_returned_with_extravars_applied(tmp_path, inventory):
+    events = []
+    data = runner.run_playbook(playbook(tmp_path, PUBLISH), inventory, extravars={"nodes": 3},
+                               on_event=events.append)
+    assert data == {"ray_cluster": {"nodes_alive": 3, "ray_version": "2.60.0"}}
+    assert {"play": "Publish a fake cluster state", "task": "Publish it", "host": "head1",
+            "status": "ok", "changed": False} in events
+    assert any(e["status"] == "started" for e in events)
+
+
+def test_failure_names_host_task_and_message(tmp_path, inventory):
+    events = []
+    with pytest.raises(RaymetalError) as err:
+        runner.run_playbook(playbook(tmp_path, FAIL), inventory, on_event=events.append)
+    exc = err.value
+    assert exc.rc != 0 and exc.status == "failed"
+    assert exc.failures == [{"host": "worker1", "play": "Fail on one host", "task": "Check the worker",
+                             "msg": "worker1 is broken on purpose", "unreachable": False}]
+    assert "play.yml failed on 1 host(s):\n  worker1: task 'Check the worker': worker1 is broken on purpose" in str(exc)
+    assert {"play": "Fail on one host", "task": "Check the worker", "host": "worker1",
+            "status": "failed", "changed": False} in events
+
+
+def test_unreachable_host_is_reported(tmp_path, inventory):
+    with pytest.raises(RaymetalError) as err:
+        runner.run_playbook(playbook(tmp_path, UNREACHABLE), inventory)
+    (failure,) = err.value.failures
+    assert failure["host"] == "ghost" and failure["unreachable"] is True
+    assert "ghost: UNREACHABLE" in str(err.value)
+
+
+def test_limit_is_passed(tmp_path, inventory):
+    with pytest.raises(RaymetalError):
+        runner.run_playbook(playbook(tmp_path, FAIL), inventory)
+    # worker1 is left out by the limit, so the same playbook succeeds
+    assert runner.run_playbook(playbook(tmp_path, FAIL), inventory, limit="head1") == {}
+
+
+def test_syntax_error_without_task_events_still_raises(tmp_path, inventory):
+    with pytest.raises(RaymetalError) as err:
+        runner.run_playbook(playbook(tmp_path, "- hosts: all\n  tasks: [{name: x, no_such_module: {}}]\n"), inventory)
+    assert err.value.failures == []
+    assert "without a task failure; output ends with" in str(err.value)
+    assert "no_such_module" in str(err.value)
+
+
+def test_status_requires_published_ray_cluster(tmp_path, inventory, monkeypatch):
+    monkeypatch.setattr(runner, "STATUS_PLAYBOOK", playbook(tmp_path, PUBLISH.replace("ray_cluster:", "other:").replace('"{{ nodes | int }}"', "2")))
+    with pytest.raises(RaymetalError, match="published no ray_cluster stats"):
+        runner.status(inventory)
+
+
+def test_status_returns_ray_cluster(tmp_path, inventory, monkeypatch):
+    monkeypatch.setattr(runner, "STATUS_PLAYBOOK", playbook(tmp_path, PUBLISH.replace('"{{ nodes | int }}"', "2")))
+    assert runner.status(inventory) == {"nodes_alive": 2, "ray_version": "2.60.0"}
+
+
+def test_missing_inventory(tmp_path):
+    with pytest.raises(RaymetalError, match="does not exist"):
+        runner.status(str(tmp_path / "nope"))
+
+
+def test_failures_from_events_skips_ignored():
+    events = [
+        {"event": "runner_on_failed", "event_data": {"host": "a", "task": "t", "play": "p", "ignore_errors": True,
+                                                     "res": {"msg": "x"}}},
+        {"event": "runner_on_failed", "event_data": {"host": "b", "task": "t", "play": "p",
+                                                     "res": {"results": [{"failed": True, "msg": "item 1 bad"},
+                                                                         {"failed": False, "msg": "ok"}]}}},
+    ]
+    assert runner.failures_from_events(events) == [
+        {"host": "b", "play": "p", "task": "t", "msg": "item 1 bad", "unreachable": False}]
