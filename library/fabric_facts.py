@@ -1,0 +1,1 @@
+../plugins/modules/fabric_facts.py
