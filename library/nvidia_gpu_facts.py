@@ -1,0 +1,1 @@
+../plugins/modules/nvidia_gpu_facts.py
