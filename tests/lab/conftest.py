@@ -18,3 +18,13 @@ def lab():
     if not (labkit.LAB_INVENTORY / "hosts.yml").exists():
         pytest.fail("the lab is not up: run `make lab-up` (or `make e2e`, which does it)")
     return labkit.lab_hosts()
+
+
+@pytest.fixture(scope="session")
+def cluster(lab):
+    """Deploy site.yml on the lab once (through ansible-runner); the ray_cluster facts."""
+    from raymetal.runner import deploy
+
+    facts = deploy(str(labkit.LAB_INVENTORY))
+    assert facts["nodes_alive"] == len(lab), facts
+    return facts

@@ -16,9 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.lab
-def test_readme_api_example_against_lab():
-    if not (REPO / "inventory" / "lab" / "hosts.yml").exists():
-        pytest.skip("lab inventory missing: run lab/lab.sh up and deploy site.yml first")
+def test_readme_api_example_against_lab(cluster):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "docs/api_example.py", "inventory/lab"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600, check=False)

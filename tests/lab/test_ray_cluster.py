@@ -1,0 +1,215 @@
+"""Ray on the lab: fabric binding, systemd, token auth, idempotence, recovery.
+
+Driven through raymetal.runner (ansible-runner). The `cluster` fixture deploys
+site.yml once; tests that redeploy leave the cluster as they found it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from raymetal.runner import deploy
+from tests.lab import labkit
+
+HEAD = "raymetal-head"
+TOKEN_ENV = "set -a; . /etc/ray/ray.env; set +a"
+
+
+def head_ip(lab):
+    return lab[HEAD]["lab_fabric_ip"]
+
+
+def unit_of(lab, name):
+    return "ray-head" if lab[name]["group"] == "ray_head" else "ray-worker"
+
+
+def invocation_ids(lab):
+    return {
+        name: labkit.sh(name, f"systemctl show -p InvocationID --value {unit_of(lab, name)}").stdout.strip()
+        for name in lab
+    }
+
+
+def api(lab, path, *, token=True, on=HEAD):
+    """GET the head's dashboard API from a lab node over the fabric; (status, body)."""
+    auth = '-H "Authorization: Bearer $(cat /etc/ray/auth_token)"' if token else ""
+    out = labkit.sh(
+        on,
+        f"curl -s -m 10 {auth} -o /tmp/api.out -w '%{{http_code}}' http://{head_ip(lab)}:8265{path}; echo; cat /tmp/api.out",
+    ).stdout
+    code, _, body = out.partition("\n")
+    return int(code), body
+
+
+def alive_nodes(lab):
+    code, body = api(lab, "/api/v0/nodes?detail=true")
+    assert code == 200, body
+    nodes = json.loads(body)["data"]["result"]["result"]
+    return {n["node_ip"]: n["node_id"] for n in nodes if n["state"] == "ALIVE"}
+
+
+def counting_deploy(inventory):
+    changed = []
+
+    def on_event(event):
+        if event.get("changed"):
+            changed.append(f"{event['host']}: {event['task']}")
+
+    facts = deploy(str(inventory), on_event=on_event)
+    return facts, changed
+
+
+def test_every_node_is_alive_on_its_ib0_address(cluster, lab):
+    assert cluster["nodes_alive"] == len(lab) == 3
+    assert cluster["healthy"] is True
+    assert cluster["ray_version"] == "2.60.0"
+    ips = sorted(n["ip"] for n in cluster["nodes"] if n["state"] == "ALIVE")
+    assert ips == sorted(h["lab_fabric_ip"] for h in lab.values())
+    for name, hvars in lab.items():
+        ib0 = labkit.sh(name, "ip -4 -o addr show ib0 | awk '{print $4}'").stdout.strip()
+        assert ib0.split("/")[0] == hvars["lab_fabric_ip"]
+    heads = [n for n in cluster["nodes"] if n["is_head"]]
+    assert [n["ip"] for n in heads] == [head_ip(lab)]
+
+
+def test_units_run_as_ray_with_the_limits_rdma_needs(cluster, lab):
+    for name in lab:
+        unit = unit_of(lab, name)
+        props = dict(
+            line.split("=", 1)
+            for line in labkit.sh(
+                name,
+                f"systemctl show {unit} -p ActiveState -p User -p LimitMEMLOCK -p LimitNOFILE -p TasksMax "
+                "-p KillMode -p Restart -p NoNewPrivileges -p ProtectSystem -p PrivateDevices",
+            ).stdout.split("\n")
+            if "=" in line
+        )
+        assert props["ActiveState"] == "active", (name, props)
+        assert props["User"] == "ray"
+        assert props["LimitMEMLOCK"] == "infinity"
+        assert props["LimitNOFILE"] == "1048576"
+        assert props["TasksMax"] == "infinity"
+        assert props["KillMode"] == "control-group"
+        assert props["Restart"] == "always"
+        assert props["NoNewPrivileges"] == "yes"
+        assert props["ProtectSystem"] == "strict"
+        assert props["PrivateDevices"] == "no"
+        # Ray really runs as ray, and with the fabric settings in its environment.
+        owner = labkit.sh(name, "ps -o user= -C raylet | sort -u").stdout.split()
+        assert owner == ["ray"], (name, owner)
+        env = labkit.sh(name, "cat /etc/ray/ray.env").stdout
+        for line in ("RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN_PATH=/etc/ray/auth_token", "NCCL_SOCKET_IFNAME==ib0",
+                     "GLOO_SOCKET_IFNAME=ib0", "RAY_USAGE_STATS_ENABLED=0"):
+            assert line in env.splitlines(), (name, line, env)
+        stat = labkit.sh(name, "stat -c '%a %U' /etc/ray/auth_token").stdout.split()
+        assert stat == ["600", "ray"], name
+
+
+def test_one_token_on_every_node_never_in_the_unit(cluster, lab):
+    tokens = {labkit.sh(name, "cat /etc/ray/auth_token").stdout.strip() for name in lab}
+    assert len(tokens) == 1 and len(tokens.pop()) == 64
+    for name in lab:
+        shown = labkit.sh(name, f"systemctl show {unit_of(lab, name)} -p Environment -p ExecStart").stdout
+        assert labkit.sh(name, "cat /etc/ray/auth_token").stdout.strip() not in shown
+
+
+def test_dashboard_answers_401_without_the_token_and_200_with_it(cluster, lab):
+    code, _ = api(lab, "/api/version", token=False, on="raymetal-worker1")
+    assert code == 401
+    code, body = api(lab, "/api/version", token=True, on="raymetal-worker1")
+    assert code == 200 and json.loads(body)["ray_version"] == "2.60.0"
+
+
+@pytest.mark.parametrize("auth", ["no token", "wrong token"])
+def test_a_node_without_the_right_token_is_refused(cluster, lab, auth):
+    env = "RAY_AUTH_MODE=disabled" if auth == "no token" else "RAY_AUTH_MODE=token RAY_AUTH_TOKEN=" + "0" * 64
+    script = (
+        f"cd /tmp && env -i PATH=/usr/bin:/bin {env} timeout 120 /opt/ray/venv/bin/ray start "
+        f"--address={head_ip(lab)}:6379 --node-ip-address={lab['raymetal-worker2']['lab_fabric_ip']} "
+        "--temp-dir=/tmp/ray-intruder --node-manager-port=7380 --object-manager-port=7381 "
+        "--runtime-env-agent-port=7382 --dashboard-agent-grpc-port=7383 --dashboard-agent-listen-port=7384 "
+        "--metrics-export-port=7385 --min-worker-port=20002 --max-worker-port=20100 --disable-usage-stats"
+    )
+    before = alive_nodes(lab)
+    try:
+        proc = labkit.sh("raymetal-worker2", script, check=False, timeout=180, user="ray")
+    finally:
+        # If it had joined, leave nothing behind (by temp dir, never `ray stop`).
+        labkit.sh("raymetal-worker2", "pkill -9 -f /tmp/ray-intruder; rm -rf /tmp/ray-intruder", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert any(s in out for s in ("InvalidAuthToken", "AuthenticationError", "Unauthenticated", "UNAUTHENTICATED")), out
+    assert alive_nodes(lab) == before
+
+
+def test_rerun_changes_nothing_and_keeps_nodes_and_jobs(cluster, lab):
+    job = labkit.sh(
+        HEAD,
+        f"{TOKEN_ENV}; cd /tmp && /opt/ray/venv/bin/ray job submit --address http://{head_ip(lab)}:8265 --no-wait "
+        "--submission-id raymetal-rerun-probe -- python -c 'import time; time.sleep(900)'",
+    )
+    assert "raymetal-rerun-probe" in job.stdout
+    try:
+        labkit.wait_until(lambda: job_status(lab, "raymetal-rerun-probe") == "RUNNING", 120, what="probe job RUNNING")
+        nodes_before, units_before = alive_nodes(lab), invocation_ids(lab)
+        facts, changed = counting_deploy(labkit.LAB_INVENTORY)
+        assert changed == [], changed
+        assert alive_nodes(lab) == nodes_before
+        assert invocation_ids(lab) == units_before
+        assert job_status(lab, "raymetal-rerun-probe") == "RUNNING"
+        assert facts["nodes_alive"] == 3
+    finally:
+        labkit.sh(HEAD, f"{TOKEN_ENV}; cd /tmp && /opt/ray/venv/bin/ray job stop --address http://{head_ip(lab)}:8265 "
+                        "raymetal-rerun-probe", check=False)
+
+
+def job_status(lab, job_id):
+    out = labkit.sh(
+        HEAD, f"{TOKEN_ENV}; cd /tmp && /opt/ray/venv/bin/ray job status --address http://{head_ip(lab)}:8265 {job_id}",
+        check=False,
+    ).stdout
+    for state in ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"):
+        if f"status: {state}" in out or f"'{state}'" in out or out.strip().endswith(state):
+            return state
+    return out.strip()[-200:]
+
+
+def test_a_worker_only_change_restarts_only_that_worker(cluster, lab, tmp_path):
+    inv = tmp_path / "inventory"
+    shutil.copytree(labkit.LAB_INVENTORY, inv, ignore=shutil.ignore_patterns("credentials"))
+    (inv / "credentials").symlink_to(labkit.LAB_INVENTORY / "credentials")
+    (inv / "group_vars" / "ray_cluster.yml").write_text(
+        (inv / "group_vars" / "ray_cluster.yml").read_text().replace(
+            "{{ inventory_dir }}/../../lab", str(labkit.ROOT / "lab")
+        )
+    )
+    (inv / "host_vars").mkdir(exist_ok=True)
+    (inv / "host_vars" / "raymetal-worker1.yml").write_text(yaml.safe_dump({"ray_labels": {"raymetal-test": "relabel"}}))
+    before = invocation_ids(lab)
+    try:
+        facts, changed = counting_deploy(inv)
+        after = invocation_ids(lab)
+        assert after[HEAD] == before[HEAD]
+        assert after["raymetal-worker2"] == before["raymetal-worker2"]
+        assert after["raymetal-worker1"] != before["raymetal-worker1"]
+        assert changed and all(c.startswith("raymetal-worker1:") for c in changed), changed
+        worker1 = [n for n in facts["nodes"] if n["ip"] == lab["raymetal-worker1"]["lab_fabric_ip"] and n["state"] == "ALIVE"]
+        assert worker1 and worker1[0]["labels"].get("raymetal-test") == "relabel", worker1
+    finally:
+        deploy(str(labkit.LAB_INVENTORY))
+
+
+def test_a_killed_raylet_comes_back_by_itself(cluster, lab):
+    name = "raymetal-worker2"
+    ip = lab[name]["lab_fabric_ip"]
+    old_id = alive_nodes(lab)[ip]
+    labkit.sh(name, "pkill -9 -x raylet")
+    labkit.wait_until(lambda: alive_nodes(lab).get(ip) not in (None, old_id), 180, interval=3,
+                      what=f"{name} back as a new alive node")
+    assert len(alive_nodes(lab)) == 3
+    restarts = labkit.sh(name, "systemctl show -p NRestarts --value ray-worker").stdout.strip()
+    assert int(restarts) >= 1
