@@ -41,7 +41,9 @@ IMAGE_PACKAGES=(
   acl rsync procps curl kmod pciutils iputils-ping netcat-openbsd nftables
   ufw firewalld rdma-core ibverbs-utils infiniband-diags gnupg less
 )
-IMAGE_TAG=$(printf '%s\n' "${BASE_PACKAGES[@]}" "${IMAGE_PACKAGES[@]}" "$(sed -n '/^build_rootfs()/,/^}/p' "${BASH_SOURCE[0]}")" | sha256sum | cut -c1-12)
+# Bump when build_rootfs changes what ends up in the image.
+IMAGE_REVISION=2
+IMAGE_TAG=$(printf '%s\n' "$IMAGE_REVISION" "${BASE_PACKAGES[@]}" "${IMAGE_PACKAGES[@]}" | sha256sum | cut -c1-12)
 LAB_IMAGE=${LAB_IMAGE:-$LAB_PREFIX-node:$IMAGE_TAG}
 
 log() { printf '\033[1m[lab]\033[0m %s\n' "$*" >&2; }

@@ -1,0 +1,105 @@
+"""The firewall on the lab, proved with real TCP connections.
+
+Ray 2.60 listens on 0.0.0.0 for the GCS and raylet ports whatever
+--node-ip-address says, so only the firewall keeps them off the management
+network and away from hosts that are not in the inventory.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+from tests.lab import labkit
+
+HEAD = "raymetal-head"
+OUTSIDER = f"{labkit.LAB_PREFIX}-outsider"
+
+PROBE = (
+    "python3 -c \"import socket,sys\n"
+    "s=socket.socket(); s.settimeout(3)\n"
+    "try:\n"
+    "    s.connect((sys.argv[1], int(sys.argv[2]))); print('open')\n"
+    "except socket.timeout: print('timeout')\n"
+    "except ConnectionRefusedError: print('refused')\n"
+    "except OSError as e: print('error', e)\" {ip} {port}"
+)
+
+
+def probe(container, ip, port):
+    return labkit.sh(container, PROBE.format(ip=ip, port=port), timeout=30).stdout.strip()
+
+
+def probe_from_controller(ip, port):
+    try:
+        with socket.create_connection((ip, port), timeout=3):
+            return "open"
+    except socket.timeout:
+        return "timeout"
+    except ConnectionRefusedError:
+        return "refused"
+
+
+@pytest.fixture(scope="module")
+def outsider(lab):
+    """A container on the fabric network that is not in the inventory."""
+    image = subprocess.run(["bash", str(labkit.ROOT / "lab" / "lab.sh"), "image-name"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    fabric_ip = lab[HEAD]["lab_fabric_ip"].rsplit(".", 1)[0] + ".200"
+    subprocess.run(["docker", "rm", "-f", OUTSIDER], capture_output=True, check=False)
+    subprocess.run(
+        ["docker", "run", "-d", "--name", OUTSIDER, "--label", f"io.raymetal.lab={labkit.LAB_PREFIX}",
+         "--network", f"{labkit.LAB_PREFIX}-fabric", "--ip", fabric_ip, "--entrypoint", "sleep", image, "infinity"],
+        capture_output=True, text=True, check=True,
+    )
+    yield OUTSIDER
+    subprocess.run(["docker", "rm", "-f", OUTSIDER], capture_output=True, check=False)
+
+
+def test_cluster_nodes_reach_the_head_over_the_fabric(cluster, lab):
+    head_ib = lab[HEAD]["lab_fabric_ip"]
+    for port in (6379, 8265):
+        assert probe("raymetal-worker1", head_ib, port) == "open", port
+    # Head to a worker's raylet, the other direction.
+    assert probe(HEAD, lab["raymetal-worker1"]["lab_fabric_ip"], 6380) == "open"
+
+
+def test_management_network_cannot_reach_ray(cluster, lab):
+    head_mgmt = lab[HEAD]["ansible_host"]
+    for port in (6379, 8265, 6380, 52365):
+        assert probe("raymetal-worker1", head_mgmt, port) == "timeout", port
+        assert probe_from_controller(head_mgmt, port) == "timeout", port
+
+
+def test_a_host_outside_the_inventory_is_dropped_on_the_fabric(cluster, lab, outsider):
+    head_ib = lab[HEAD]["lab_fabric_ip"]
+    for port in (6379, 8265, 10001, 52365):
+        assert probe(outsider, head_ib, port) == "timeout", port
+    assert probe(outsider, lab["raymetal-worker2"]["lab_fabric_ip"], 6380) == "timeout"
+
+
+def test_the_ray_client_port_is_closed_even_to_cluster_nodes(cluster, lab):
+    assert probe("raymetal-worker1", lab[HEAD]["lab_fabric_ip"], 10001) == "timeout"
+    # Ray does listen there (on ib0 and loopback): the firewall is what closes it.
+    assert probe(HEAD, "127.0.0.1", 10001) == "open"
+
+
+def test_ssh_still_reaches_every_node(cluster, lab):
+    for name, hvars in lab.items():
+        with socket.create_connection((hvars["ansible_host"], 22), timeout=5) as conn:
+            assert conn.recv(64).startswith(b"SSH-2.0"), name
+
+
+def test_without_the_firewall_the_same_probe_gets_through(cluster, lab):
+    """The blocked probes above would pass without the firewall: prove it on one node."""
+    name = "raymetal-worker2"
+    mgmt = lab[name]["ansible_host"]
+    assert probe_from_controller(mgmt, 6380) == "timeout"
+    labkit.sh(name, "nft delete table inet raymetal")
+    try:
+        assert probe_from_controller(mgmt, 6380) == "open"
+    finally:
+        labkit.sh(name, "systemctl restart raymetal-firewall.service")
+    assert probe_from_controller(mgmt, 6380) == "timeout"
