@@ -1,0 +1,59 @@
+"""plugins/filter/raymetal.py: port validation and address summaries."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_SPEC = importlib.util.spec_from_file_location("raymetal_filters", ROOT / "plugins" / "filter" / "raymetal.py")
+f = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(f)
+
+DEFAULT_PORTS = {
+    "ray_gcs_port": 6379, "ray_dashboard_port": 8265, "ray_client_server_port": 10001,
+    "ray_dashboard_agent_listen_port": 52365, "ray_dashboard_agent_grpc_port": 6383,
+    "ray_node_manager_port": 6380, "ray_object_manager_port": 6381,
+    "ray_runtime_env_agent_port": 6382, "ray_metrics_export_port": 6384,
+}
+
+
+def test_the_role_defaults_have_no_problems():
+    assert f.port_problems(DEFAULT_PORTS, 10002, 19999) == []
+
+
+def test_duplicates_are_named_both_ways():
+    ports = dict(DEFAULT_PORTS, ray_node_manager_port=6379)
+    assert f.port_problems(ports, 10002, 19999) == ["port 6379 is used by ray_gcs_port and ray_node_manager_port"]
+
+
+def test_out_of_range_and_non_numbers():
+    ports = dict(DEFAULT_PORTS, ray_gcs_port=80, ray_dashboard_port="http", ray_metrics_export_port=70000)
+    problems = f.port_problems(ports, 10002, 19999)
+    assert "ray_gcs_port=80 is outside 1024-65535" in problems
+    assert "ray_dashboard_port='http' is not a port number" in problems
+    assert "ray_metrics_export_port=70000 is outside 1024-65535" in problems
+
+
+def test_a_port_inside_the_worker_range_is_refused():
+    # 10001 is fine with Ray's range 10002-19999, not with 10000-19999.
+    problems = f.port_problems(DEFAULT_PORTS, 10000, 19999)
+    assert problems == ["ray_client_server_port=10001 is inside the worker port range 10000-19999"]
+
+
+def test_an_inverted_worker_range_is_refused():
+    assert f.port_problems(DEFAULT_PORTS, 20000, 19999) == [
+        "worker port range 20000-19999 is invalid (need 1024 <= min < max <= 65535)"
+    ]
+
+
+def test_ipv4_by_interface():
+    facts = {
+        "interfaces": ["lo", "ib0", "eth0", "br-x"],
+        "ib0": {"device": "ib0", "ipv4": {"address": "10.0.0.5", "prefix": "24"}},
+        "eth0": {"device": "eth0", "ipv4": {"address": "192.0.2.5", "prefix": "24"}},
+        "lo": {"device": "lo", "ipv4": {"address": "127.0.0.1", "prefix": "8"}},
+        "br_x": {"device": "br-x"},
+    }
+    assert f.ipv4_by_interface(facts) == "eth0=192.0.2.5/24, ib0=10.0.0.5/24, lo=127.0.0.1/8"
+    assert f.ipv4_by_interface({"interfaces": []}) == "none"
