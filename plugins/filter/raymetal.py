@@ -69,6 +69,23 @@ def ipv4_by_interface(facts):
     return ", ".join(parts) if parts else "none"
 
 
+def node_software_lines(hosts, hostvars):
+    """One line per host: NCCL version, GPU count and driver version.
+
+    Reads what the nccl and nvidia_driver roles left in hostvars; says
+    'not verified' / 'none' where they found nothing.
+    """
+    lines = []
+    for host in hosts or []:
+        hvars = hostvars[host] if host in hostvars else {}
+        facts = hvars.get("ansible_facts") or {}
+        gpus = (facts.get("nvidia_gpu") or {}).get("count", 0)
+        driver = (facts.get("nvidia_driver") or {}).get("driver_version") or "none"
+        nccl = hvars.get("nccl_version") or "not verified"
+        lines.append("%s: NCCL %s, %s GPU(s), driver %s" % (host, nccl, gpus, driver))
+    return lines
+
+
 class FilterModule:
     """raymetal filters."""
 
@@ -76,4 +93,5 @@ class FilterModule:
         return {
             "port_problems": port_problems,
             "ipv4_by_interface": ipv4_by_interface,
+            "node_software_lines": node_software_lines,
         }

@@ -57,3 +57,15 @@ def test_ipv4_by_interface():
     }
     assert f.ipv4_by_interface(facts) == "eth0=192.0.2.5/24, ib0=10.0.0.5/24, lo=127.0.0.1/8"
     assert f.ipv4_by_interface({"interfaces": []}) == "none"
+
+
+def test_node_software_lines():
+    hostvars = {
+        "gpu1": {"nccl_version": "2.32.3",
+                 "ansible_facts": {"nvidia_gpu": {"count": 8}, "nvidia_driver": {"driver_version": "570.133.20"}}},
+        "cpu1": {"ansible_facts": {}},
+    }
+    assert f.node_software_lines(["gpu1", "cpu1"], hostvars) == [
+        "gpu1: NCCL 2.32.3, 8 GPU(s), driver 570.133.20",
+        "cpu1: NCCL not verified, 0 GPU(s), driver none",
+    ]
