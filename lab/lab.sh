@@ -117,6 +117,7 @@ build_rootfs() {
   umount "$dir/proc"
   rm -f "$dir/usr/sbin/policy-rc.d" "$dir/etc/resolv.conf"
   ((rc == 0)) || die "installing packages into the image failed; see $logf"
+  rm -f "$logf"
   # The firewall role picks and enables a backend itself; none may start on boot.
   chroot "$dir" systemctl disable firewalld.service ufw.service nftables.service >/dev/null 2>&1 || true
   chroot "$dir" systemctl mask getty@tty1.service console-getty.service systemd-firstboot.service >/dev/null 2>&1 || true
