@@ -44,7 +44,8 @@ IMAGE_PACKAGES=(
 # Bump when build_rootfs changes what ends up in the image.
 IMAGE_REVISION=2
 IMAGE_TAG=$(printf '%s\n' "$IMAGE_REVISION" "${BASE_PACKAGES[@]}" "${IMAGE_PACKAGES[@]}" | sha256sum | cut -c1-12)
-LAB_IMAGE=${LAB_IMAGE:-$LAB_PREFIX-node:$IMAGE_TAG}
+# One image for every lab prefix: its content does not depend on the prefix.
+LAB_IMAGE=${LAB_IMAGE:-raymetal-node:$IMAGE_TAG}
 
 log() { printf '\033[1m[lab]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[31m[lab] ERROR:\033[0m %s\n' "$*" >&2; exit 1; }
