@@ -56,7 +56,8 @@ unit: venv deps ## Unit tests (modules, filters, fixtures)
 
 molecule: venv deps ## Molecule scenarios (each with its idempotence step)
 	@bash $(LAB) image
-	@export RAYMETAL_LAB_IMAGE=$$(bash $(LAB) image-name); \
+	@bash $(LAB) wheelhouse
+	@export RAYMETAL_LAB_IMAGE=$$(bash $(LAB) image-name) RAYMETAL_CACHE=$${RAYMETAL_CACHE:-$$HOME/.cache/raymetal}; \
 	for s in $(MOLECULE_SCENARIOS); do \
 	  echo "=== molecule test -s $$s"; \
 	  $(BIN)/molecule test -s $$s || exit 1; \
