@@ -9,6 +9,7 @@ lab node.
 from __future__ import annotations
 
 import re
+import subprocess
 import shutil
 
 import pytest
@@ -90,3 +91,14 @@ def test_good_inventory_passes_validation(lab):
     recap = labkit.recap(out)
     assert set(lab) <= set(recap)
     assert all(c["failed"] == 0 and c["changed"] == 0 for c in recap.values())
+
+
+def test_generated_secrets_are_not_inventory_hosts(lab):
+    """inventory/<site>/credentials/ must never be parsed as an inventory source."""
+    out = subprocess.run(
+        [str(labkit.VENV_BIN / "ansible"), "-i", str(labkit.LAB_INVENTORY), "all", "--list-hosts"],
+        cwd=labkit.ROOT, env=labkit.ansible_env(), capture_output=True, text=True, check=True,
+    ).stdout
+    hosts = {line.strip() for line in out.splitlines()[1:] if line.strip()}
+    assert (labkit.LAB_INVENTORY / "credentials" / "ray_auth_token").exists()
+    assert hosts == set(lab), hosts - set(lab)
