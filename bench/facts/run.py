@@ -68,28 +68,10 @@ TASK_NOOP = """
 # controller cannot reach the dashboard (raymetal's firewall lets only cluster
 # nodes in), so only the HTTP work is measured, not SSH or Ansible.
 TASK_REST_ON_HEAD = """
-    - name: Time the four REST calls on the head itself
-      ansible.builtin.command:
-        argv:
-          - python3
-          - -c
-          - |
-            import json, sys, time, urllib.request
-            base, token, n = sys.argv[1], open(sys.argv[2]).read().strip(), int(sys.argv[3])
-            out = []
-            for _ in range(n + 1):
-                start = time.monotonic()
-                for path in ("/api/version", "/api/v0/nodes?detail=true", "/api/gcs_healthz", "/api/cluster_status"):
-                    req = urllib.request.Request(base + path, headers={"Authorization": "Bearer " + token})
-                    with urllib.request.urlopen(req, timeout=30) as resp:
-                        body = resp.read()
-                    if path != "/api/gcs_healthz":
-                        json.loads(body)
-                out.append(time.monotonic() - start)
-            print(json.dumps(out[1:]))
-          - "{{ bench_dashboard }}"
-          - "{{ bench_token_path }}"
-          - "{{ bench_n }}"
+    - name: Time the four REST calls on the head itself, with this script's own rest()
+      ansible.builtin.script:
+        cmd: "{{ bench_script }} --rest-on-node {{ bench_dashboard }} {{ bench_token_path }} {{ bench_n }}"
+        executable: python3
       become: true
       register: bench_rest
       changed_when: false
@@ -158,7 +140,18 @@ def rest(base, token):
     return time.monotonic() - start
 
 
+def rest_on_node(base, token_path, n):
+    """Entry point when this script runs on the head: print n REST timings as JSON."""
+    with open(token_path, encoding="utf-8") as fh:
+        token = fh.read().strip()
+    rest(base, token)  # warm-up, not counted
+    print(json.dumps([rest(base, token) for _ in range(n)]))
+
+
 def main():
+    if sys.argv[1:2] == ["--rest-on-node"]:
+        rest_on_node(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("-i", "--inventory", default="inventory/lab")
     parser.add_argument("-n", "--repetitions", type=int, default=10)
@@ -185,7 +178,8 @@ def main():
             print("controller cannot reach %s (%s): timing the raw REST calls on the head" % (base, err))
             rest_out = os.path.join(tmp, "rest.json")
             ansible(inventory, playbook(tmp, "rest", TASK_REST_ON_HEAD),
-                    dict(extravars, bench_dashboard=base, bench_n=args.repetitions + 1, bench_out=rest_out))
+                    dict(extravars, bench_dashboard=base, bench_n=args.repetitions + 1, bench_out=rest_out,
+                         bench_script=os.path.abspath(__file__)))
             with open(rest_out, encoding="utf-8") as fh:
                 rest_on_head = json.load(fh)
         runs = {

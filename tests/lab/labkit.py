@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -45,11 +44,6 @@ def run_playbook(playbook: str, inventory: Path | str, *args: str, timeout: int 
         cmd, cwd=ROOT, env=ansible_env(), capture_output=True, text=True, timeout=timeout
     )
     return proc.returncode, proc.stdout + proc.stderr
-
-
-def node(name: str) -> str:
-    """Container name of an inventory host (they are the same in the lab)."""
-    return name
 
 
 def sh(container: str, script: str, *, check: bool = True, timeout: int = 120, user: str | None = None):
@@ -96,6 +90,3 @@ def wait_until(predicate, timeout: float, interval: float = 2.0, what: str = "co
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
-
-def quote(s: str) -> str:
-    return shlex.quote(s)
