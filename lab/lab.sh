@@ -82,7 +82,10 @@ ensure_docker() {
   command -v dockerd >/dev/null 2>&1 || cmd_deps
   if docker info >/dev/null 2>&1; then return; fi
   log "starting dockerd (this host's PID 1 is not systemd)"
-  nohup dockerd >/var/log/dockerd.log 2>&1 &
+  # setsid + disown: dockerd must outlive this script and never be one of its jobs
+  # (cmd_up waits for its own background jobs).
+  setsid nohup dockerd >/var/log/dockerd.log 2>&1 </dev/null &
+  disown
   local i
   for ((i = 0; i < 60; i++)); do
     docker info >/dev/null 2>&1 && return
@@ -275,12 +278,13 @@ cmd_up() {
     idx=$(node_index "$node")
     start_node "$node" "$mgmt.$idx" "$fabric.$idx"
   done < <(node_names)
+  local pids=() pid failed=0
   while read -r node; do
     idx=$(node_index "$node")
     wait_node "$node" "$mgmt.$idx" &
+    pids+=($!)
   done < <(node_names)
-  local failed=0
-  for job in $(jobs -p); do wait "$job" || failed=1; done
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
   ((failed == 0)) || die "some nodes are not reachable over SSH"
   write_inventory
   log "lab is up: $((LAB_WORKERS + 1)) nodes, inventory in ${LAB_INVENTORY#"$ROOT"/}"
