@@ -1,0 +1,96 @@
+"""Report, as one JSON object, what the ray role must know about a node before it changes anything.
+
+Run by the node's system Python (standard library only) in one round trip:
+
+    python3 ray_node_probe.py VENV TEMP_DIR STAMP_FILE [WHEEL_DIR]
+
+- shm_bytes: size of /dev/shm (where Ray's object store lives)
+- temp_free_mb: free space on the filesystem that holds (or will hold) TEMP_DIR
+- ray, python: the Ray and Python versions inside VENV ("none" when VENV or Ray is missing)
+- stamp: the install record that the role wrote into VENV after its last pip run (null if none)
+- wheels: the file names in WHEEL_DIR on the node, sorted (only when WHEEL_DIR is given)
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+# Run by the venv's interpreter: the versions that the cluster-wide preflight compares.
+VERSIONS = (
+    "import json, sys, importlib.metadata as m\n"
+    "try:\n"
+    "    ray = m.version('ray')\n"
+    "except m.PackageNotFoundError:\n"
+    "    ray = 'none'\n"
+    "print(json.dumps({'ray': ray, 'python': sys.version.split()[0]}))\n"
+)
+
+
+def existing_parent(path):
+    """The nearest existing directory at or above path."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def venv_versions(venv):
+    """Ray and Python versions inside the venv, or 'none' for what is missing."""
+    python = os.path.join(venv, "bin", "python")
+    if not os.access(python, os.X_OK):
+        return {"ray": "none", "python": "none"}
+    try:
+        proc = subprocess.run([python, "-c", VERSIONS], capture_output=True, text=True, timeout=120, check=False)
+        found = json.loads(proc.stdout) if proc.returncode == 0 else {}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        found = {}
+    return {"ray": found.get("ray", "none"), "python": found.get("python", "none")}
+
+
+def read_stamp(path):
+    """The install record, or None when it is missing or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def list_wheels(directory):
+    """Sorted plain file names in directory (no hidden files), [] when it does not exist."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(n for n in names if not n.startswith(".") and os.path.isfile(os.path.join(directory, n)))
+
+
+def probe(venv, temp_dir, stamp_file, wheel_dir=None, shm="/dev/shm"):
+    """Everything the role reads from the node, as a dict."""
+    shm_stat = os.statvfs(shm)
+    temp_stat = os.statvfs(existing_parent(temp_dir))
+    result = {
+        "shm_bytes": shm_stat.f_blocks * shm_stat.f_frsize,
+        "temp_free_mb": temp_stat.f_bavail * temp_stat.f_frsize // (1024 * 1024),
+        "stamp": read_stamp(stamp_file),
+    }
+    result.update(venv_versions(venv))
+    if wheel_dir:
+        result["wheels"] = list_wheels(wheel_dir)
+    return result
+
+
+def main(argv):
+    if len(argv) not in (4, 5):
+        sys.stderr.write(__doc__)
+        return 2
+    print(json.dumps(probe(*argv[1:])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
