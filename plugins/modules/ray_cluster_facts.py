@@ -208,6 +208,10 @@ class RayFactsError(Exception):
     """A failure with one message meant for the user."""
 
 
+class NotListening(RayFactsError):
+    """Nothing listens on the dashboard port (yet): the head unit is down or starting."""
+
+
 def _short(text):
     text = text if isinstance(text, str) else repr(text)
     return text if len(text) <= SHOW_MAX else text[:SHOW_MAX] + "... (%d chars in all)" % len(text)
@@ -315,7 +319,7 @@ class RayApi(object):
         except urllib_error.URLError as err:
             reason = err.reason
             if isinstance(reason, ConnectionRefusedError) or "refused" in str(reason).lower():
-                raise RayFactsError(
+                raise NotListening(
                     "connection refused at %s: the Ray dashboard is not listening, so %s is "
                     "probably not running. Check systemctl status %s and journalctl -u %s -n 50"
                     % (url, self.head_unit, self.head_unit, self._unit_short()))
@@ -466,6 +470,20 @@ def missing_message(nodes, wanted, expected, waited, worker_unit=DEFAULT_WORKER_
     return msg
 
 
+def read_version(api, wait, timeout, sleep=time.sleep, clock=time.monotonic):
+    """The API's version answer; when wait is true, a dashboard that is not listening yet
+    (the head unit was just started) is asked again every second for up to timeout seconds."""
+    start = clock()
+    while True:
+        try:
+            return parse_version(api.get_json(PATH_VERSION))
+        except NotListening as err:
+            waited = clock() - start
+            if not wait or waited >= timeout:
+                raise RayFactsError("%s%s" % (err, " (waited %d s)" % waited if wait else ""))
+            sleep(min(1.0, max(timeout - waited, 0.1)))
+
+
 def fetch_nodes(api, wanted, timeout, expected, sleep=time.sleep, clock=time.monotonic,
                 worker_unit=DEFAULT_WORKER_UNIT):
     """Return the node list, polling until `wanted` nodes are ALIVE (0: no wait)."""
@@ -491,7 +509,7 @@ def gather(params, api_factory=RayApi, sleep=time.sleep, clock=time.monotonic):
     api = api_factory(address, token, params["timeout"], params["validate_certs"], head_unit)
     expected = params.get("expected_nodes") or {}
 
-    version = parse_version(api.get_json(PATH_VERSION))
+    version = read_version(api, params["wait_for_nodes"] > 0, params["timeout"], sleep, clock)
     nodes = fetch_nodes(api, params["wait_for_nodes"], params["timeout"], expected, sleep, clock,
                         config.get("worker_unit") or DEFAULT_WORKER_UNIT)
     health_status, health_body = api.get(PATH_HEALTH)

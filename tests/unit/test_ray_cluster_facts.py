@@ -229,6 +229,59 @@ def test_401_message_names_auth_mode(token_file):
     assert "RAY_AUTH_MODE=token" in str(err.value)
 
 
+class RefusingApi(object):
+    """Raises NotListening for the first `refusals` version requests, then answers like `real`."""
+
+    def __init__(self, real, refusals):
+        self.real = real
+        self.refusals = refusals
+        self.address = real.address
+
+    def get_json(self, path):
+        if path == rcf.PATH_VERSION and self.refusals > 0:
+            self.refusals -= 1
+            raise rcf.NotListening("connection refused at %s%s: ray-head.service" % (self.address, path))
+        return self.real.get_json(path)
+
+    def get(self, path):
+        return self.real.get(path)
+
+
+def refusing(refusals):
+    """An api_factory whose client is refused `refusals` times before the dashboard listens."""
+    return lambda *args: RefusingApi(rcf.RayApi(*args), refusals)
+
+
+def test_wait_retries_a_dashboard_that_is_not_listening_yet(token_file):
+    clock = FakeClock()
+    with ReplayServer(["two_alive"]) as srv:
+        factory = refusing(3)
+        facts = rcf.gather(params(srv.url, token_file, wait_for_nodes=2, timeout=30),
+                           api_factory=factory, sleep=clock.sleep, clock=clock)
+    assert facts["nodes_alive"] == 2
+    assert clock.sleeps == [1.0, 1.0, 1.0]
+
+
+def test_wait_gives_up_on_a_dashboard_that_never_listens(token_file):
+    clock = FakeClock()
+    with ReplayServer(["two_alive"]) as srv:
+        factory = refusing(1000)
+        with pytest.raises(rcf.RayFactsError) as err:
+            rcf.gather(params(srv.url, token_file, wait_for_nodes=2, timeout=5),
+                       api_factory=factory, sleep=clock.sleep, clock=clock)
+    assert "connection refused" in str(err.value) and "(waited 5 s)" in str(err.value)
+    assert len(clock.sleeps) == 5
+
+
+def test_without_wait_a_refused_connection_fails_at_once(token_file):
+    clock = FakeClock()
+    with ReplayServer(["two_alive"]) as srv:
+        factory = refusing(1)
+        with pytest.raises(rcf.RayFactsError) as err:
+            rcf.gather(params(srv.url, token_file), api_factory=factory, sleep=clock.sleep, clock=clock)
+    assert "waited" not in str(err.value) and clock.sleeps == []
+
+
 def test_connection_refused_names_head_unit(token_file, tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
