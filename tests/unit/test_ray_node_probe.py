@@ -1,0 +1,88 @@
+"""roles/ray/files/ray_node_probe.py: what preflight reads from a node in one round trip."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROBE = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "ray", "files", "ray_node_probe.py")
+spec = importlib.util.spec_from_file_location("ray_node_probe", PROBE)
+probe_mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(probe_mod)
+
+
+def fake_venv(tmp_path, script):
+    """A venv whose bin/python prints `script`'s output, as a real venv's interpreter would."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text("#!/bin/sh\n" + script + "\n")
+    python.chmod(0o755)
+    return str(venv)
+
+
+def test_missing_venv_reports_none_and_no_stamp(tmp_path):
+    found = probe_mod.probe(str(tmp_path / "nope"), str(tmp_path / "a" / "b" / "tmp"), str(tmp_path / "stamp.json"))
+    assert found["ray"] == "none" and found["python"] == "none"
+    assert found["stamp"] is None
+    assert found["shm_bytes"] > 0 and found["temp_free_mb"] > 0
+    assert "wheels" not in found
+
+
+def test_versions_come_from_the_venv_interpreter(tmp_path):
+    venv = fake_venv(tmp_path, """echo '{"ray": "2.60.0", "python": "3.11.2"}'""")
+    found = probe_mod.probe(venv, str(tmp_path), str(tmp_path / "stamp.json"))
+    assert (found["ray"], found["python"]) == ("2.60.0", "3.11.2")
+
+
+def test_a_broken_venv_interpreter_counts_as_no_ray(tmp_path):
+    venv = fake_venv(tmp_path, "echo boom >&2; exit 3")
+    assert probe_mod.probe(venv, str(tmp_path), str(tmp_path / "s"))["ray"] == "none"
+
+
+def test_real_interpreter_without_ray(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, str(venv / "bin" / "python"))
+    found = probe_mod.venv_versions(str(venv))
+    assert found["ray"] == "none"
+    assert found["python"] == sys.version.split()[0]
+
+
+def test_stamp_and_wheels(tmp_path):
+    stamp = tmp_path / "stamp.json"
+    stamp.write_text(json.dumps({"requirement": "ray[default]==2.60.0", "wheels": ["a.whl"]}))
+    wheels = tmp_path / "wh"
+    wheels.mkdir()
+    for name in ("b-1.whl", "a-1.whl", ".complete-x"):
+        (wheels / name).write_text("")
+    (wheels / "subdir").mkdir()
+    found = probe_mod.probe(str(tmp_path / "nope"), str(tmp_path), str(stamp), str(wheels))
+    assert found["stamp"]["requirement"] == "ray[default]==2.60.0"
+    assert found["wheels"] == ["a-1.whl", "b-1.whl"]
+
+
+def test_unreadable_stamp_is_no_stamp(tmp_path):
+    stamp = tmp_path / "stamp.json"
+    stamp.write_text("{not json")
+    assert probe_mod.read_stamp(str(stamp)) is None
+
+
+def test_temp_dir_space_is_measured_on_the_nearest_existing_parent(tmp_path):
+    assert probe_mod.existing_parent(str(tmp_path / "x" / "y")) == str(tmp_path)
+
+
+@pytest.mark.parametrize("args", [[], ["a", "b"], ["a", "b", "c", "d", "e"]])
+def test_wrong_arguments_print_usage_and_exit_2(args):
+    proc = subprocess.run([sys.executable, PROBE] + args, capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "ray_node_probe.py VENV TEMP_DIR STAMP_FILE" in proc.stderr
+
+
+def test_runs_as_a_script_and_prints_one_json_object(tmp_path):
+    proc = subprocess.run([sys.executable, PROBE, str(tmp_path / "v"), str(tmp_path), str(tmp_path / "s"), ""],
+                          capture_output=True, text=True, check=True)
+    found = json.loads(proc.stdout)
+    assert found["ray"] == "none" and "wheels" not in found
