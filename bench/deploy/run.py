@@ -301,13 +301,26 @@ def floor(lab, label):
     return steps
 
 
+def strategy_in_use():
+    """What ansible.cfg's strategy runs on: Mitogen (and its version) or plain linear."""
+    strategy = os.environ.get("ANSIBLE_STRATEGY", "raymetal_linear (ansible.cfg)")
+    if "raymetal_linear" not in strategy:
+        return strategy
+    try:
+        import ansible_mitogen  # noqa: F401  (only probing whether it is installed)
+        import mitogen
+        return "%s through Mitogen %s" % (strategy, ".".join(str(v) for v in mitogen.__version__))
+    except ImportError:
+        return "%s without Mitogen (not installed): plain linear" % strategy
+
+
 def ansible_env(work):
-    # The repository's ansible.cfg as users run it (profile_tasks, default callback), with a
-    # fact cache and SSH control sockets of the bench's own: nothing stale from other labs.
+    # The repository's ansible.cfg as users run it (raymetal_linear strategy, profile_tasks,
+    # no persistent fact cache), with SSH control sockets of the bench's own: nothing stale
+    # from other labs.
     cp_dir = os.path.join(work, "cp")
     os.makedirs(cp_dir, exist_ok=True)
     return dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
-                ANSIBLE_CACHE_PLUGIN_CONNECTION=os.path.join(work, "facts"),
                 ANSIBLE_SSH_CONTROL_PATH_DIR=cp_dir, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
                 PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
 
@@ -389,6 +402,7 @@ def main():
     work = tempfile.mkdtemp(prefix="raybench-deploy-")
     lab = Lab(args, work)
     log("node image %s, work dir %s" % (lab.env.get("LAB_IMAGE", "(lab.sh default)"), work))
+    log("Ansible strategy: %s" % strategy_in_use())
     if lab.leftovers():
         log("removing a %s lab left from an earlier run" % args.prefix)
         lab.down()
