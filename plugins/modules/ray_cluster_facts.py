@@ -204,6 +204,10 @@ PATH_STATUS = "/api/cluster_status"
 SHOW_MAX = 300
 
 
+# How often the wait asks the GCS (through the dashboard) for the node list again.
+POLL_SECONDS = 0.5
+
+
 class RayFactsError(Exception):
     """A failure with one message meant for the user."""
 
@@ -494,7 +498,7 @@ def fetch_nodes(api, wanted, timeout, expected, sleep=time.sleep, clock=time.mon
             return nodes
         if clock() - start >= timeout:
             raise RayFactsError(missing_message(nodes, wanted, expected, timeout, worker_unit))
-        sleep(min(2.0, max(timeout - (clock() - start), 0.1)))
+        sleep(min(POLL_SECONDS, max(timeout - (clock() - start), 0.1)))
 
 
 def gather(params, api_factory=RayApi, sleep=time.sleep, clock=time.monotonic):
