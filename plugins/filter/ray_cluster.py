@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from urllib.parse import urlsplit
+
 GIB = float(2**30)
 
 DOCUMENTATION_RAY_FABRIC_IPS = """
@@ -26,13 +29,13 @@ description:
 def ray_fabric_ips(hosts, hostvars):
     """Return {inventory_hostname: fabric IP} for the hosts whose Ray IP is known.
 
-    Order: the address the ray role bound Ray to (``__ray_node_ip``, set during
+    Order: the address the ray role bound Ray to (``ray_node_ip``, set during
     a deploy), else ``ray_node_ip_address``, else the fabric role's address.
     """
     result = {}
     for host in hosts or []:
         hvars = hostvars[host] if host in hostvars else {}
-        bound = hvars.get("__ray_node_ip") or ""
+        bound = hvars.get("ray_node_ip") or ""
         explicit = hvars.get("ray_node_ip_address") or ""
         facts = hvars.get("ansible_facts") or {}
         fabric = facts.get("fabric") or {}
@@ -63,10 +66,23 @@ def _figures(resources):
             _gib(resources.get("memory", 0)), _gib(resources.get("object_store_memory", 0))]
 
 
-def ray_summary_table(facts, expected_nodes=None):
-    """Return the cluster summary as a list of fixed-width lines."""
+def _plural(count, one, many):
+    return one if count == 1 else many
+
+
+def ray_summary_table(facts, expected_nodes=None, hosts=None):
+    """Return the cluster summary as a list of fixed-width lines.
+
+    One row per Ray node in ``facts['nodes']`` (the current node of each IP),
+    named by inventory host; a MISSING row for each inventory host with no node
+    (``hosts`` without an entry in ``expected_nodes`` have no known fabric IP:
+    their IP shows as ``?``). DEAD records of nodes that were replaced by a newer
+    node at the same IP (``facts['earlier_nodes']``) get no row: one line counts
+    them per host.
+    """
     facts = facts or {}
-    expected = dict((str(ip), host) for host, ip in (expected_nodes or {}).items())
+    expected_nodes = dict(expected_nodes or {})
+    expected = dict((str(ip), host) for host, ip in expected_nodes.items())
     header = ["HOST", "FABRIC IP", "STATE", "CPUS", "GPUS", "MEM GiB", "OBJ GiB"]
     rows = []
     seen_hosts = set()
@@ -75,9 +91,9 @@ def ray_summary_table(facts, expected_nodes=None):
         seen_hosts.add(host)
         state = (node.get("state") or "?") + (" (head)" if node.get("is_head") else "")
         rows.append([host, node.get("ip", "?"), state] + _figures(node.get("resources")))
-    alive_hosts = set(expected.get(n.get("ip")) for n in facts.get("nodes") or [] if n.get("state") == "ALIVE")
-    for host, ip in sorted((expected_nodes or {}).items()):
-        if host not in alive_hosts and host not in seen_hosts:
+    unknown = [h for h in (hosts or []) if h not in expected_nodes]
+    for host, ip in sorted(list(expected_nodes.items()) + [(h, "?") for h in unknown]):
+        if host not in seen_hosts:
             rows.append([host, ip, "MISSING", "-", "-", "-", "-"])
     rows.append(["TOTAL (%d alive)" % int(facts.get("nodes_alive") or 0), "", ""] + _figures(facts.get("totals")))
     rows.append(["AVAILABLE", "", ""] + _figures(facts.get("available")))
@@ -90,10 +106,76 @@ def ray_summary_table(facts, expected_nodes=None):
     lines += [_row(r, widths) for r in rows[:-2]]
     lines.append(_row(["-" * w for w in widths], widths))
     lines += [_row(r, widths) for r in rows[-2:]]
-    missing = facts.get("missing") or []
+    earlier = {}
+    for node in facts.get("earlier_nodes") or []:
+        host = expected.get(node.get("ip"), node.get("hostname") or node.get("ip") or "?")
+        earlier[host] = earlier.get(host, 0) + 1
+    for host in sorted(earlier):
+        lines.append("%d earlier %s of %s %s dead (replaced by its current node; Ray keeps the record)" % (
+            earlier[host], _plural(earlier[host], "node", "nodes"), host, _plural(earlier[host], "is", "are")))
+    missing = sorted(set(facts.get("missing") or []) | set(unknown))
     if missing:
         lines.append("Missing (no ALIVE Ray node at their fabric IP): " + ", ".join(missing))
     return lines
+
+
+def ray_not_alive(facts, hosts=None, expected_nodes=None):
+    """Inventory hosts that are not an ALIVE Ray node: the module's ``missing``, plus
+    every host in ``hosts`` whose fabric IP is unknown (not in ``expected_nodes``)."""
+    facts = facts or {}
+    known = expected_nodes or {}
+    return sorted(set(facts.get("missing") or []) | set(h for h in (hosts or []) if h not in known))
+
+
+def ray_access_lines(facts, ssh=None):
+    """How to reach the dashboard and job API: from the head, and through an SSH tunnel.
+
+    ``ssh`` describes how Ansible reaches the head: ``host``, ``user``, ``port``,
+    ``key`` (private key file), ``common_args`` (ansible_ssh_common_args), ``cwd``
+    (key paths under it are shown relative to it), ``token_file`` (controller copy of
+    the token) and ``token_path`` (the token on the nodes).
+    """
+    facts = facts or {}
+    ssh = ssh or {}
+    address = str(facts.get("address") or "")
+    try:
+        split = urlsplit(address)
+        ip, port = split.hostname, split.port
+    except ValueError:
+        ip = port = None
+    if not ip or not port:
+        return ["Dashboard and job API: %s (token required)" % (address or "?")]
+    cmd = ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", "-L", "%d:%s:%d" % (port, ip, port)]
+    if ssh.get("port") not in (None, "", 22, "22"):
+        cmd += ["-p", str(ssh["port"])]
+    key = str(ssh.get("key") or "")
+    if key:
+        key = os.path.normpath(os.path.expanduser(key))
+        cwd = str(ssh.get("cwd") or "")
+        if cwd and os.path.isabs(key) and key.startswith(os.path.normpath(cwd) + os.sep):
+            key = os.path.relpath(key, cwd)
+        cmd += ["-i", key]
+    if ssh.get("common_args"):
+        cmd += [str(ssh["common_args"]).strip()]
+    target = str(ssh.get("host") or "?")
+    if ssh.get("user"):
+        target = "%s@%s" % (ssh["user"], target)
+    cmd.append(target)
+    token_file = str(ssh.get("token_file") or "")
+    if token_file:
+        token_file = os.path.normpath(token_file)
+        cwd = str(ssh.get("cwd") or "")
+        if cwd and token_file.startswith(os.path.normpath(cwd) + os.sep):
+            token_file = os.path.relpath(token_file, cwd)
+    return [
+        "Dashboard and job API: %s (token required)" % address,
+        "  from a workstation: %s" % " ".join(cmd),
+        "  then: RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=%s ray job submit --address http://127.0.0.1:%d -- python job.py"
+        % (token_file or "<controller copy of the token>", port),
+        "  on a node: set -a; . /etc/ray/ray.env; set +a; ray job submit --address %s -- python job.py" % address,
+        "Auth token: %s on every node (mode 0600, user ray); controller copy: %s" % (
+            ssh.get("token_path") or "/etc/ray/auth_token", token_file or "?"),
+    ]
 
 
 class FilterModule(object):
@@ -103,4 +185,6 @@ class FilterModule(object):
         return {
             "ray_fabric_ips": ray_fabric_ips,
             "ray_summary_table": ray_summary_table,
+            "ray_not_alive": ray_not_alive,
+            "ray_access_lines": ray_access_lines,
         }

@@ -69,6 +69,23 @@ def ipv4_by_interface(facts):
     return ", ".join(parts) if parts else "none"
 
 
+def interface_of_ipv4(facts, address):
+    """Name of the interface that carries IPv4 ``address`` (primary or secondary), '' when none does.
+
+    ``facts`` is ``ansible_facts`` with network facts gathered.
+    """
+    if not address:
+        return ""
+    for name in sorted(facts.get("interfaces", [])):
+        info = facts.get(name.replace("-", "_"), {})
+        if not isinstance(info, dict):
+            continue
+        candidates = [info.get("ipv4") or {}] + list(info.get("ipv4_secondaries") or [])
+        if any(isinstance(c, dict) and c.get("address") == address for c in candidates):
+            return name
+    return ""
+
+
 def node_software_lines(hosts, hostvars):
     """One line per host: NCCL version, GPU count and driver version.
 
@@ -93,5 +110,6 @@ class FilterModule:
         return {
             "port_problems": port_problems,
             "ipv4_by_interface": ipv4_by_interface,
+            "interface_of_ipv4": interface_of_ipv4,
             "node_software_lines": node_software_lines,
         }

@@ -198,48 +198,20 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
+try:  # as a collection (raymetal.cluster)
+    from ansible_collections.raymetal.cluster.plugins.module_utils.raymetal_command import run_c_locale
+    from ansible_collections.raymetal.cluster.plugins.module_utils.raymetal_sysfs import (
+        list_dir, natural_key, read_int, read_text)
+except ImportError:  # as a playbook project (ansible.cfg: module_utils = plugins/module_utils)
+    from ansible.module_utils.raymetal_command import run_c_locale
+    from ansible.module_utils.raymetal_sysfs import list_dir, natural_key, read_int, read_text
+
 ARPHRD_ETHER = 1
 ARPHRD_INFINIBAND = 32
 ARPHRD_LOOPBACK = 772
 
-C_LOCALE = {"LANG": "C", "LC_ALL": "C", "LC_MESSAGES": "C"}
-
-
 class FabricError(Exception):
     """Raised when no interface can be chosen; the message says why."""
-
-
-def natural_key(name):
-    """Sort ib2 before ib10."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def read_text(path):
-    """Return the stripped content of a sysfs file, or None if unreadable."""
-    try:
-        with open(path, "r", encoding="utf-8", errors="replace") as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
-
-
-def list_dir(path):
-    """Sorted entries of a directory, or [] if it does not exist."""
-    try:
-        return sorted(os.listdir(path), key=natural_key)
-    except OSError:
-        return []
-
-
-def read_int(path, base=10):
-    """Integer content of a sysfs file, or None."""
-    text = read_text(path)
-    if text is None:
-        return None
-    try:
-        return int(text, base)
-    except ValueError:
-        return None
 
 
 def read_netdevs(sysfs_root):
@@ -502,11 +474,7 @@ def choose(netdevs, ports, links, default_dev, interface=None, require_rdma=True
 
 def run_ip(module, ip_bin, args):
     """Run `ip` with the C locale and return stdout; fail naming the command."""
-    cmd = [ip_bin] + args
-    rc, out, err = module.run_command(cmd, environ_update=C_LOCALE)
-    if rc != 0:
-        module.fail_json(msg="'%s' failed with rc=%d: %s" % (" ".join(cmd), rc, (err or out).strip()))
-    return out
+    return run_c_locale(module, [ip_bin] + args)
 
 
 def build_module():

@@ -152,6 +152,13 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+try:  # as a collection (raymetal.cluster)
+    from ansible_collections.raymetal.cluster.plugins.module_utils.raymetal_command import run_c_locale
+    from ansible_collections.raymetal.cluster.plugins.module_utils.raymetal_sysfs import read_int
+except ImportError:  # as a playbook project (ansible.cfg: module_utils = plugins/module_utils)
+    from ansible.module_utils.raymetal_command import run_c_locale
+    from ansible.module_utils.raymetal_sysfs import read_int
+
 NVIDIA_VENDOR = 0x10DE
 GPU_CLASSES = (0x0300, 0x0302)  # VGA compatible controller, 3D controller
 NVSWITCH_CLASS = 0x0680  # Bridge: other bridge device
@@ -161,11 +168,6 @@ SMI_FIELDS = "index,pci.bus_id,name,driver_version,memory.total"
 
 class SmiError(Exception):
     """nvidia-smi output that cannot be understood."""
-
-
-def _read_hex(path):
-    with open(path, encoding="ascii") as handle:
-        return int(handle.read().strip(), 16)
 
 
 def scan_pci(sysfs_root):
@@ -178,11 +180,10 @@ def scan_pci(sysfs_root):
     gpus, switches = [], []
     for address in sorted(os.listdir(base)):
         device_dir = os.path.join(base, address)
-        try:
-            vendor = _read_hex(os.path.join(device_dir, "vendor"))
-            pci_class = _read_hex(os.path.join(device_dir, "class"))
-            device = _read_hex(os.path.join(device_dir, "device"))
-        except (OSError, ValueError):
+        vendor = read_int(os.path.join(device_dir, "vendor"), 16)
+        pci_class = read_int(os.path.join(device_dir, "class"), 16)
+        device = read_int(os.path.join(device_dir, "device"), 16)
+        if None in (vendor, pci_class, device):
             continue  # not a PCI function with readable ids (or a stray entry)
         if vendor != NVIDIA_VENDOR:
             continue
@@ -282,11 +283,7 @@ def compare(pci, smi, expected_branch):
 
 def run_smi(module):
     path = module.params["nvidia_smi_path"] or module.get_bin_path("nvidia-smi", required=True)
-    cmd = [path, "--query-gpu=" + SMI_FIELDS, "--format=csv,noheader,nounits"]
-    rc, out, err = module.run_command(cmd, environ_update={"LC_ALL": "C", "LANG": "C"})
-    if rc != 0:
-        module.fail_json(msg="%s failed (rc=%d): %s" % (" ".join(cmd), rc, (err or out).strip()), rc=rc)
-    return out
+    return run_c_locale(module, [path, "--query-gpu=" + SMI_FIELDS, "--format=csv,noheader,nounits"])
 
 
 def build_module():

@@ -124,7 +124,9 @@ ansible_facts:
           type: int
           sample: 3
         nodes_dead:
-          description: Number of DEAD nodes the GCS still remembers.
+          description: Number of entries of C(nodes) that are DEAD (an IP whose last Ray node died and
+            has no ALIVE node now). Records of nodes that were replaced by a newer node at the same IP
+            are counted in C(earlier_nodes) instead.
           type: int
           sample: 0
         totals:
@@ -141,8 +143,16 @@ ansible_facts:
           type: list
           elements: str
           sample: ["raymetal-worker2"]
+        earlier_nodes:
+          description: DEAD node records the GCS keeps for an IP that has a newer node (a node whose Ray
+            unit was restarted comes back as a new Ray node). Same fields as C(nodes).
+          type: list
+          elements: dict
+          sample: [{"hostname": "raymetal-worker2", "ip": "10.231.20.12", "state": "DEAD"}]
         nodes:
-          description: One entry per node the GCS knows, ALIVE and DEAD, head first.
+          description: The current node of each IP, head first. Per IP that is its ALIVE node (or
+            nodes), else the DEAD node that started last; older DEAD records at that IP are in
+            C(earlier_nodes). So each inventory host appears at most once.
           type: list
           elements: dict
           contains:
@@ -187,12 +197,12 @@ ansible_facts:
 import json
 import os
 import socket
-import ssl
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.six.moves.urllib import error as urllib_error
-from ansible.module_utils.six.moves.urllib import request as urllib_request
+from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
+from ansible.module_utils.urls import open_url
 
 DEFAULT_TOKEN_PATH = "/etc/ray/auth_token"
 DEFAULT_HEAD_UNIT = "ray-head.service"
@@ -275,29 +285,22 @@ def read_token(path):
 
 
 class RayApi(object):
-    """Minimal client of the Ray dashboard REST API (stdlib urllib only)."""
+    """Minimal client of the Ray dashboard REST API (ansible.module_utils.urls.open_url)."""
 
     def __init__(self, address, token, timeout, validate_certs=True, head_unit=DEFAULT_HEAD_UNIT):
         self.address = address.rstrip("/")
         self.token = token
         self.timeout = timeout
         self.head_unit = head_unit
-        self.context = None
-        if self.address.startswith("https://") and not validate_certs:
-            self.context = ssl.create_default_context()
-            self.context.check_hostname = False
-            self.context.verify_mode = ssl.CERT_NONE
+        self.validate_certs = validate_certs
 
     def get(self, path):
         """GET path; return (status, body text). HTTP errors other than 401/403 come back as status."""
         url = self.address + path
-        req = urllib_request.Request(url, headers={"Authorization": "Bearer " + self.token,
-                                                   "Accept": "application/json"})
         try:
-            kwargs = {"timeout": self.timeout}
-            if self.context is not None:
-                kwargs["context"] = self.context
-            resp = urllib_request.urlopen(req, **kwargs)
+            resp = open_url(url, method="GET", timeout=self.timeout, validate_certs=self.validate_certs,
+                            headers={"Authorization": "Bearer " + self.token, "Accept": "application/json"},
+                            http_agent="raymetal-ray_cluster_facts")
             try:
                 return resp.getcode(), resp.read().decode("utf-8", "replace")
             finally:
@@ -330,7 +333,14 @@ class RayApi(object):
             if isinstance(reason, (socket.timeout, TimeoutError)):
                 raise RayFactsError("%s did not answer within %d s" % (url, self.timeout))
             raise RayFactsError("cannot reach %s: %s" % (url, reason))
-        except (OSError, ValueError) as err:
+        except ConnectionResetError as err:
+            # http.client.RemoteDisconnected included: the dashboard accepted the connection and
+            # dropped it, as it does while it (re)starts right after the head unit restarted.
+            raise NotListening("%s closed the connection without an answer (%s): the Ray dashboard is "
+                               "probably (re)starting; check systemctl status %s"
+                               % (url, err, self.head_unit))
+        except (OSError, ValueError, UrlsConnectionError) as err:
+            # UrlsConnectionError: open_url's own failures (SSLValidationError included).
             raise RayFactsError("cannot reach %s: %s" % (url, err))
 
     def _unit_short(self):
@@ -416,32 +426,62 @@ def _add(into, resources):
         into[name] = into.get(name, 0.0) + float(value)
 
 
+def _entry(node, by_ip, usage):
+    state = node.get("state")
+    resources = _resources(node.get("resources_total"))
+    entry = {
+        "hostname": by_ip.get(node["node_ip"], node.get("node_name") or node["node_ip"]),
+        "ip": node["node_ip"],
+        "node_id": node["node_id"],
+        "is_head": bool(node.get("is_head_node")),
+        "state": state,
+        "state_message": node.get("state_message") or "",
+        "resources": resources,
+        "available": {},
+        "labels": node.get("labels") or {},
+    }
+    if state == "ALIVE":
+        entry["available"] = node_available(resources, usage.get(node["node_id"]))
+    return entry
+
+
+def current_and_earlier(nodes):
+    """Split the GCS's node records into each IP's current node(s) and the earlier, replaced ones.
+
+    A node that restarts (its unit was stopped and started again) comes back as a
+    new Ray node at the same IP; the GCS keeps the old record as DEAD. Per IP, the
+    current nodes are the ALIVE ones, else the DEAD one that started last; every
+    other DEAD record at that IP is an earlier node.
+    """
+    by_ip = {}
+    for node in nodes:
+        by_ip.setdefault(node["node_ip"], []).append(node)
+    current, earlier = [], []
+    for records in by_ip.values():
+        alive = [n for n in records if n.get("state") == "ALIVE"]
+        if alive:
+            keep = alive
+        else:
+            keep = [max(records, key=lambda n: (n.get("start_time_ms") or 0, n.get("end_time_ms") or 0))]
+        current.extend(keep)
+        earlier.extend(n for n in records if not any(n is k for k in keep))
+    return current, earlier
+
+
 def build_facts(address, version, healthy, nodes, usage, expected):
     """Turn parsed API answers into the ray_cluster fact."""
     by_ip = dict((str(ip), host) for host, ip in (expected or {}).items())
-    out_nodes, totals, available = [], {}, {}
-    alive_ips = set()
-    for node in nodes:
-        state = node.get("state")
-        resources = _resources(node.get("resources_total"))
-        entry = {
-            "hostname": by_ip.get(node["node_ip"], node.get("node_name") or node["node_ip"]),
-            "ip": node["node_ip"],
-            "node_id": node["node_id"],
-            "is_head": bool(node.get("is_head_node")),
-            "state": state,
-            "state_message": node.get("state_message") or "",
-            "resources": resources,
-            "available": {},
-            "labels": node.get("labels") or {},
-        }
-        if state == "ALIVE":
-            alive_ips.add(node["node_ip"])
-            entry["available"] = node_available(resources, usage.get(node["node_id"]))
-            _add(totals, resources)
+    current, earlier = current_and_earlier(nodes)
+    out_nodes = [_entry(node, by_ip, usage) for node in current]
+    out_earlier = [_entry(node, by_ip, usage) for node in earlier]
+    totals, available = {}, {}
+    for entry in out_nodes:
+        if entry["state"] == "ALIVE":
+            _add(totals, entry["resources"])
             _add(available, entry["available"])
-        out_nodes.append(entry)
+    alive_ips = set(n["ip"] for n in out_nodes if n["state"] == "ALIVE")
     out_nodes.sort(key=lambda n: (not n["is_head"], n["state"] != "ALIVE", n["hostname"], n["ip"]))
+    out_earlier.sort(key=lambda n: (n["hostname"], n["ip"], n["node_id"]))
     missing = sorted(host for host, ip in (expected or {}).items() if str(ip) not in alive_ips)
     return {
         "address": address,
@@ -453,6 +493,7 @@ def build_facts(address, version, healthy, nodes, usage, expected):
         "available": available,
         "missing": missing,
         "nodes": out_nodes,
+        "earlier_nodes": out_earlier,
     }
 
 
@@ -493,7 +534,15 @@ def fetch_nodes(api, wanted, timeout, expected, sleep=time.sleep, clock=time.mon
     """Return the node list, polling until `wanted` nodes are ALIVE (0: no wait)."""
     start = clock()
     while True:
-        nodes = parse_nodes(api.get_json(PATH_NODES))
+        try:
+            nodes = parse_nodes(api.get_json(PATH_NODES))
+        except NotListening as err:
+            # Waiting for the nodes: a dashboard that drops a request while it restarts is asked again.
+            waited = clock() - start
+            if not wanted or waited >= timeout:
+                raise RayFactsError("%s%s" % (err, " (waited %d s)" % waited if wanted else ""))
+            sleep(min(POLL_SECONDS, max(timeout - waited, 0.1)))
+            continue
         if sum(1 for n in nodes if n.get("state") == "ALIVE") >= wanted:
             return nodes
         if clock() - start >= timeout:

@@ -3,12 +3,15 @@
 Each case under tests/fixtures/fabric/<case>/ holds a sysfs tree shaped like a
 real host (sys/) and live.json: the interfaces, IPv4 addresses and default
 route that the module must find on the live system. The tests create those
-interfaces (Linux bridges renamed to ib0, ens1f0np0, ...) in a private
-network namespace and run the module inside it, so its `ip -j addr` and
-`ip -j route` calls are real. The namespaces never carry traffic and are
-deleted in teardown, even on failure.
+interfaces, recorded as ip-addr.json and ip-route.json (`ip -j addr show`,
+`ip -j -4 route show default` run in a namespace built from live.json).
 
-Needs root (network namespaces). Without root, only the pure parsing tests run.
+Every detection test runs twice: "recorded" feeds the recorded `ip -j` output
+through a mocked run_command (no root needed); "netns" (root only, skipped
+with a reason otherwise) creates those interfaces (Linux bridges named ib0,
+ens1f0np0, ...) in a private network namespace and runs the module inside it,
+so its `ip` calls are real. The namespaces never carry traffic and are
+deleted in teardown, even on failure.
 """
 
 from __future__ import annotations
@@ -27,31 +30,25 @@ import pytest
 
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
+from module_harness import REPO, ExitJson, FailJson
+from module_harness import run_module as harness_run
 
-REPO = Path(__file__).resolve().parents[2]
+import fabric_facts  # (plugins/modules is on sys.path through module_harness)
+
 FIXTURES = REPO / "tests" / "fixtures" / "fabric"
-sys.path.insert(0, str(REPO / "plugins" / "modules"))
-
-import fabric_facts  # noqa: E402  (module path added above)
-
 CLONE_NEWNET = 0x40000000
-NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+ROOT_SKIP = "network namespace variant skipped: creating namespaces needs root (the recorded variant ran)"
 
 
-class ModuleExit(Exception):
-    """exit_json was called."""
+@pytest.fixture(params=["recorded", "netns"])
+def how(request):
+    """How the module's `ip` calls are answered: recorded output, or a real namespace."""
+    if request.param == "netns" and os.geteuid() != 0:
+        pytest.skip(ROOT_SKIP)
+    return request.param
 
-    def __init__(self, result):
-        super().__init__(result)
-        self.result = result
 
-
-class ModuleFail(Exception):
-    """fail_json was called."""
-
-    def __init__(self, result):
-        super().__init__(result.get("msg"))
-        self.result = result
+BOTH_WAYS = pytest.mark.usefixtures("how")
 
 
 def _ip(*args):
@@ -93,37 +90,56 @@ def inside_netns(name):
                 raise OSError(ctypes.get_errno(), "setns back to the original namespace failed")
 
 
-def run_module(args):
-    """Run main() with args; return (result, warnings) or raise ModuleFail."""
+def run_module(args, run_command=None):
+    """Run main() with args; return (result, warnings) or raise FailJson."""
     warnings = []
+    with mock.patch.object(basic.AnsibleModule, "warn", lambda self, msg: warnings.append(msg)):
+        kind, result = harness_run(fabric_facts, args, run_command=run_command)
+    if kind is FailJson:
+        raise FailJson(result)
+    return result, warnings
 
-    def exit_json(self, **kwargs):
-        raise ModuleExit(kwargs)
 
-    def fail_json(self, **kwargs):
-        raise ModuleFail(kwargs)
+def recorded_ip(case):
+    """A run_command answering `ip -j ...` from the case's recorded output."""
+    answers = {
+        ("-j", "addr", "show"): (FIXTURES / case / "ip-addr.json").read_text(),
+        ("-j", "-4", "route", "show", "default"): (FIXTURES / case / "ip-route.json").read_text(),
+    }
 
-    with patch_module_args(args), \
-            mock.patch.object(basic.AnsibleModule, "exit_json", exit_json), \
-            mock.patch.object(basic.AnsibleModule, "fail_json", fail_json), \
-            mock.patch.object(basic.AnsibleModule, "warn", lambda self, msg: warnings.append(msg)):
-        try:
-            fabric_facts.main()
-        except ModuleExit as done:
-            return done.result, warnings
-    raise AssertionError("the module returned without exit_json or fail_json")
+    def run_command(self, args, **kwargs):
+        assert kwargs.get("environ_update", {}).get("LC_ALL") == "C", "ip must run with the C locale"
+        key = tuple(args[1:])
+        if os.path.basename(args[0]) != "ip" or key not in answers:
+            return 1, "", "unexpected command %r" % (args,)
+        return 0, answers[key], ""
+    return run_command
 
 
 def run_case(case, **args):
-    """Run the module against a fixture case inside its own namespace."""
+    """Run the module against a fixture case: recorded `ip` output, or its own namespace."""
     args.setdefault("sysfs_root", str(FIXTURES / case / "sys"))
-    with fabric_netns(case) as ns, inside_netns(ns):
-        return run_module(args)
+    if CURRENT_HOW[0] == "netns":
+        with fabric_netns(case) as ns, inside_netns(ns):
+            return run_module(args)
+    with mock.patch.object(basic.AnsibleModule, "get_bin_path", lambda self, name, **kw: "/usr/sbin/" + name):
+        return run_module(args, run_command=recorded_ip(case))
+
+
+CURRENT_HOW = ["recorded"]
+
+
+@pytest.fixture(autouse=True)
+def _current_how(request):
+    """run_case follows the test's `how` parameter (recorded when it has none)."""
+    CURRENT_HOW[0] = request.node.callspec.params.get("how", "recorded") if hasattr(request.node, "callspec") else "recorded"
+    yield
+    CURRENT_HOW[0] = "recorded"
 
 
 def fail_case(case, **args):
     """Like run_case, but the module must fail; returns its message."""
-    with pytest.raises(ModuleFail) as failure:
+    with pytest.raises(FailJson) as failure:
         run_case(case, **args)
     return failure.value.result["msg"]
 
@@ -135,7 +151,7 @@ def by_name(fact):
 # ---------------------------------------------------------------- detection
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_dgx_picks_first_active_ipoib_and_lists_active_ib_hcas():
     result, warnings = run_case("dgx")
     fact = result["ansible_facts"]["fabric"]
@@ -162,7 +178,7 @@ def test_dgx_picks_first_active_ipoib_and_lists_active_ib_hcas():
     assert devices["mlx5_4"]["netdev"] == "enp225s0f0np0"
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_roce_only_picks_ethernet_netdev_bound_to_rdma_port():
     result, warnings = run_case("roce")
     fact = result["ansible_facts"]["fabric"]
@@ -176,7 +192,7 @@ def test_roce_only_picks_ethernet_netdev_bound_to_rdma_port():
     assert cands["eno1"]["chosen"] is False
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_omnipath_ipoib_is_infiniband():
     result, _ = run_case("omnipath")
     fact = result["ansible_facts"]["fabric"]
@@ -185,7 +201,7 @@ def test_omnipath_ipoib_is_infiniband():
     assert fact["rdma_devices"][0]["rate"] == "100 Gb/sec (4X EDR)"
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_mlx4_dual_port_maps_ports_by_dev_port():
     result, _ = run_case("mlx4_dualport")
     fact = result["ansible_facts"]["fabric"]
@@ -194,7 +210,7 @@ def test_mlx4_dual_port_maps_ports_by_dev_port():
     assert fact["hcas"] == ["mlx4_0:2"]
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_ipoib_without_ipv4_fails_when_rdma_required():
     msg = fail_case("ipoib_noaddr")
     assert "require_rdma is true" in msg
@@ -202,7 +218,7 @@ def test_ipoib_without_ipv4_fails_when_rdma_required():
     assert "eth0 [ethernet, 10.231.130.14/24]: not an RDMA interface" in msg
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_ipoib_without_ipv4_falls_back_when_allowed():
     result, warnings = run_case("ipoib_noaddr", require_rdma=False)
     fact = result["ansible_facts"]["fabric"]
@@ -213,7 +229,7 @@ def test_ipoib_without_ipv4_falls_back_when_allowed():
 # ---------------------------------------------------------------- no RDMA
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_no_rdma_require_rdma_fails_listing_candidates():
     msg = fail_case("nordma", require_rdma=True)
     assert "no active InfiniBand or RoCE interface" in msg
@@ -221,7 +237,7 @@ def test_no_rdma_require_rdma_fails_listing_candidates():
     assert "docker0 [ethernet, 172.17.0.1/16]" in msg
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_no_rdma_falls_back_to_default_route_with_warning():
     result, warnings = run_case("nordma", require_rdma=False)
     fact = result["ansible_facts"]["fabric"]
@@ -234,20 +250,20 @@ def test_no_rdma_falls_back_to_default_route_with_warning():
 # ---------------------------------------------------------------- explicit interface
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_explicit_interface_missing_fails_listing_interfaces():
     msg = fail_case("nordma", interface="ib0", require_rdma=False)
     assert "interface 'ib0'" in msg and "does not exist" in msg
     assert "eth0 (10.231.130.13/24)" in msg and "docker0 (172.17.0.1/16)" in msg and "lo (127.0.0.1/8)" in msg
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_explicit_interface_without_ipv4_fails():
     msg = fail_case("ipoib_noaddr", interface="ib0")
     assert "interface 'ib0'" in msg and "has no IPv4 address" in msg
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_explicit_interface_overrides_detection():
     result, warnings = run_case("dgx", interface="ib2")
     fact = result["ansible_facts"]["fabric"]
@@ -256,7 +272,7 @@ def test_explicit_interface_overrides_detection():
     assert warnings == []
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_explicit_ethernet_interface_needs_require_rdma_false():
     msg = fail_case("dgx", interface="eno1")
     assert "eno1" in msg and "set require_rdma=false" in msg
@@ -265,7 +281,7 @@ def test_explicit_ethernet_interface_needs_require_rdma_false():
     assert (fact["interface"], fact["kind"], fact["hcas"]) == ("eno1", "ethernet", [])
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_bad_sysfs_root_fails_naming_it(tmp_path):
     msg = fail_case("nordma", sysfs_root=str(tmp_path))
     assert str(tmp_path) in msg
@@ -274,7 +290,7 @@ def test_bad_sysfs_root_fails_naming_it(tmp_path):
 # ---------------------------------------------------------------- through Ansible
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_module_runs_through_ansible_in_namespace():
     """The real module path: ansible ad-hoc inside the namespace, module copied and executed by Ansible."""
     ansible = Path(sys.executable).parent / "ansible"
@@ -339,7 +355,7 @@ def test_read_rdma_ports_from_fixture_without_root():
     assert netdevs["ib0"]["type"] == 32 and netdevs["eno1"]["type"] == 1 and netdevs["ib3"]["operstate"] == "down"
 
 
-@NEEDS_ROOT
+@BOTH_WAYS
 def test_check_mode_returns_the_same_facts():
     result, _ = run_case("omnipath", _ansible_check_mode=True)
     assert result["changed"] is False

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
+from module_harness import ExitJson, FailJson
+from module_harness import run_module as harness_run
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia"
 SMI = FIXTURES / "smi"
 
-_spec = importlib.util.spec_from_file_location("nvidia_gpu_facts", ROOT / "plugins" / "modules" / "nvidia_gpu_facts.py")
-mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mod)
+import nvidia_gpu_facts as mod  # noqa: E402  (plugins/modules is on sys.path through module_harness)
 
 H100_ADDRESSES = [
     "0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
@@ -28,31 +25,8 @@ def sysfs(name):
     return str(FIXTURES / name / "sys")
 
 
-class ExitJson(Exception):
-    pass
-
-
-class FailJson(Exception):
-    pass
-
-
-@pytest.fixture
-def ansible_exit(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise ExitJson(kwargs)
-
-    def fail_json(self, **kwargs):
-        raise FailJson(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-
-
 def run_module(args):
-    with patch_module_args(args):
-        with pytest.raises((ExitJson, FailJson)) as info:
-            mod.main()
-    return info.type, info.value.args[0]
+    return harness_run(mod, args)
 
 
 # --- PCI detection -------------------------------------------------------------------------
@@ -121,7 +95,7 @@ def test_unreadable_entries_are_skipped(tmp_path):
     assert mod.gpu_facts(str(tmp_path))["count"] == 0
 
 
-def test_module_returns_facts(ansible_exit):
+def test_module_returns_facts():
     kind, result = run_module({"sysfs_root": sysfs("hgx-h100-8gpu")})
     assert kind is ExitJson
     assert result["changed"] is False
@@ -132,7 +106,7 @@ def test_module_returns_facts(ansible_exit):
     json.dumps(result)  # facts must be JSON-serialisable
 
 
-def test_module_fails_naming_a_missing_sysfs_tree(ansible_exit, tmp_path):
+def test_module_fails_naming_a_missing_sysfs_tree(tmp_path):
     kind, result = run_module({"sysfs_root": str(tmp_path / "nothing")})
     assert kind is FailJson
     assert "cannot read the PCI bus: %s is not a sysfs tree" % (tmp_path / "nothing") in result["msg"]
@@ -219,7 +193,7 @@ def _fake_smi(tmp_path, fixture, rc=0):
     return str(script)
 
 
-def test_module_query_smi_end_to_end(ansible_exit, tmp_path):
+def test_module_query_smi_end_to_end(tmp_path):
     kind, result = run_module({
         "sysfs_root": sysfs("hgx-h100-8gpu"),
         "query_smi": True,
@@ -232,7 +206,7 @@ def test_module_query_smi_end_to_end(ansible_exit, tmp_path):
     assert "GPU 0000:9a:00.0 is on the PCI bus but nvidia-smi does not list it" in result["problems"]
 
 
-def test_module_query_smi_failure_names_the_command_and_output(ansible_exit, tmp_path):
+def test_module_query_smi_failure_names_the_command_and_output(tmp_path):
     kind, result = run_module({
         "sysfs_root": sysfs("hgx-h100-8gpu"),
         "query_smi": True,

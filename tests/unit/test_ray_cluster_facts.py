@@ -22,12 +22,11 @@ from unittest import mock
 
 import pytest
 
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
+from module_harness import ExitJson, FailJson
+from module_harness import run_module as harness_run
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "ray_api"
-sys.path.insert(0, str(REPO / "plugins" / "modules"))
 
 import ray_cluster_facts as rcf  # noqa: E402  (module path added above)
 
@@ -219,6 +218,27 @@ def test_wrong_token_is_403_message(tmp_path):
     assert "not the cluster's token" in str(err.value)
 
 
+def test_requests_go_through_open_url_with_the_token_and_tls_setting(token_file):
+    # The module has no HTTP client of its own: every request is ansible's open_url.
+    real_open_url = rcf.open_url
+    with ReplayServer(["two_alive"]) as srv, \
+            mock.patch.object(rcf, "open_url", side_effect=real_open_url) as spy:
+        facts = gather(params(srv.url, token_file, validate_certs=False))
+    assert facts["nodes_alive"] == 2
+    assert spy.call_count >= 3
+    for call in spy.call_args_list:
+        assert call.kwargs["headers"]["Authorization"] == "Bearer " + TOKEN
+        assert call.kwargs["validate_certs"] is False
+
+
+def test_tls_failure_is_one_message_not_a_traceback(token_file):
+    # https:// to a plain-HTTP listener: the TLS handshake fails inside open_url.
+    with ReplayServer(["two_alive"]) as srv:
+        with pytest.raises(rcf.RayFactsError) as err:
+            gather(params(srv.url.replace("http://", "https://"), token_file))
+    assert "cannot reach https://" in str(err.value)
+
+
 def test_401_message_names_auth_mode(token_file):
     rec = load("auth", "no_token")
     with ReplayServer(["two_alive"]) as srv:
@@ -280,6 +300,51 @@ def test_without_wait_a_refused_connection_fails_at_once(token_file):
         with pytest.raises(rcf.RayFactsError) as err:
             rcf.gather(params(srv.url, token_file), api_factory=factory, sleep=clock.sleep, clock=clock)
     assert "waited" not in str(err.value) and clock.sleeps == []
+
+
+class DroppingApi(RefusingApi):
+    """Drops the first `refusals` node-list requests the way a restarting dashboard does."""
+
+    def get_json(self, path):
+        if path == rcf.PATH_NODES and self.refusals > 0:
+            self.refusals -= 1
+            raise rcf.NotListening("%s%s closed the connection without an answer" % (self.address, path))
+        return self.real.get_json(path)
+
+
+def test_wait_retries_a_node_list_request_that_the_dashboard_dropped(token_file):
+    clock = FakeClock()
+    with ReplayServer(["two_alive"]) as srv:
+        facts = rcf.gather(params(srv.url, token_file, wait_for_nodes=2, timeout=30),
+                           api_factory=lambda *args: DroppingApi(rcf.RayApi(*args), 2),
+                           sleep=clock.sleep, clock=clock)
+    assert facts["nodes_alive"] == 2 and len(clock.sleeps) == 2
+
+
+def test_a_connection_closed_without_an_answer_is_named(token_file):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        port = server.getsockname()[1]
+
+        def drop():
+            for _ in range(2):
+                conn, _ = server.accept()
+                conn.recv(65536)
+                conn.close()
+
+        thread = threading.Thread(target=drop, daemon=True)
+        thread.start()
+        api = rcf.RayApi("http://127.0.0.1:%d" % port, "t" * 64, 5)
+        with pytest.raises(rcf.NotListening) as err:
+            api.get(rcf.PATH_NODES)
+        # Without a wait, the same drop fails the run at once, naming what happened.
+        config_facts = params("http://127.0.0.1:%d" % port, token_file)
+        with pytest.raises(rcf.RayFactsError) as err2:
+            rcf.gather(config_facts)
+        thread.join(5)
+    assert "closed the connection without an answer" in str(err.value)
+    assert "closed the connection without an answer" in str(err2.value) and "waited" not in str(err2.value)
 
 
 def test_connection_refused_names_head_unit(token_file, tmp_path):
@@ -362,24 +427,9 @@ def test_gcs_unhealthy_is_reported_not_fatal(token_file):
 # --- through AnsibleModule ------------------------------------------------------------------------
 
 
-class ExitJson(Exception):
-    pass
-
-
-class FailJson(Exception):
-    pass
-
-
 def run_main(args):
-    def exit_json(self, **kwargs):
-        raise ExitJson(kwargs)
-
-    def fail_json(self, **kwargs):
-        raise FailJson(kwargs)
-
-    with mock.patch.multiple(basic.AnsibleModule, exit_json=exit_json, fail_json=fail_json):
-        with patch_module_args(args):
-            rcf.main()
+    kind, result = harness_run(rcf, args)
+    raise kind(result)
 
 
 def test_main_returns_facts_from_config_in_check_mode(token_file, tmp_path):
@@ -388,7 +438,7 @@ def test_main_returns_facts_from_config_in_check_mode(token_file, tmp_path):
         config.write_text(json.dumps({"dashboard_url": srv.url, "token_path": token_file}))
         with pytest.raises(ExitJson) as res:
             run_main({"config_path": str(config), "expected_nodes": EXPECTED, "_ansible_check_mode": True})
-    result = res.value.args[0]
+    result = res.value.result
     assert result["changed"] is False
     assert result["ansible_facts"]["ray_cluster"]["nodes_alive"] == 2
 
@@ -396,8 +446,8 @@ def test_main_returns_facts_from_config_in_check_mode(token_file, tmp_path):
 def test_main_fails_with_one_message(tmp_path):
     with pytest.raises(FailJson) as res:
         run_main({"address": "http://127.0.0.1:9", "token_path": str(tmp_path / "nope")})
-    assert set(res.value.args[0]) == {"msg"}
-    assert "does not exist" in res.value.args[0]["msg"]
+    assert set(res.value.result) == {"msg"}
+    assert "does not exist" in res.value.result["msg"]
 
 
 def test_camel_cased_usage_maps_back_to_ray_resource_names(token_file):
@@ -439,6 +489,7 @@ def test_summary_table_from_recorded_facts(token_file):
     assert body["TOTAL"][:5] == ["TOTAL", "(1", "alive)", "2", "2"]
     assert body["AVAILABLE"][1:3] == ["1", "1"]  # the holder actor's CPU and GPU
     assert lines[-1] == "Missing (no ALIVE Ray node at their fabric IP): raymetal-worker1, raymetal-worker2"
+    assert not any("earlier" in line for line in lines)
     # fixed width: every column starts at the same offset on every row
     offset = lines[1].index("STATE")
     assert all(line[offset - 2:offset] == "  " for line in lines[3:-1] if not line.startswith("-"))
@@ -459,3 +510,75 @@ def test_fabric_ips_prefers_explicit_then_fabric_fact():
     }
     assert rcfilter.ray_fabric_ips(["a", "b", "c", "d", "e"], hostvars) == {
         "a": "10.0.0.1", "b": "10.0.0.2", "d": "10.0.0.4"}
+
+
+# --- a node that came back: one row per host ---------------------------------------------------
+
+def restarted_worker_nodes():
+    """The one_dead recording plus the worker back as a new node at the same IP (a restart)."""
+    payload = json.loads(load("one_dead", "nodes")["body"])
+    nodes = payload["data"]["result"]["result"]
+    dead = [n for n in nodes if n["state"] == "DEAD"][0]
+    back = dict(dead, node_id="b" * 56, state="ALIVE", state_message="",
+                start_time_ms=dead["end_time_ms"] + 5000, end_time_ms=0)
+    nodes.append(back)
+    return payload, dead, back
+
+
+def test_a_restarted_node_is_one_row_and_its_old_record_an_earlier_node(token_file):
+    payload, dead, back = restarted_worker_nodes()
+    with ReplayServer(["one_dead"]) as srv:
+        srv.override["/api/v0/nodes?detail=true"] = (200, json.dumps(payload))
+        facts = gather(params(srv.url, token_file, expected_nodes=EXPECTED))
+    assert [(n["hostname"], n["state"]) for n in facts["nodes"]] == [
+        ("raymetal-head", "ALIVE"), ("raymetal-worker1", "ALIVE")]
+    assert facts["nodes"][1]["node_id"] == back["node_id"]
+    assert (facts["nodes_alive"], facts["nodes_dead"], facts["missing"]) == (2, 0, [])
+    assert [(n["hostname"], n["node_id"], n["state"]) for n in facts["earlier_nodes"]] == [
+        ("raymetal-worker1", dead["node_id"], "DEAD")]
+    assert facts["totals"]["CPU"] == sum(n["resources"]["CPU"] for n in facts["nodes"])
+
+    lines = rcfilter.ray_summary_table(facts, EXPECTED, sorted(EXPECTED))
+    print("\n".join(lines))
+    assert lines[0].endswith("GCS healthy, 2 alive, 0 dead")
+    rows = [line.split()[0] for line in lines[3:] if line.split()[0] in EXPECTED]
+    assert rows == ["raymetal-head", "raymetal-worker1"]  # once each
+    assert "1 earlier node of raymetal-worker1 is dead (replaced by its current node; Ray keeps the record)" in lines
+    assert not any(line.startswith("Missing") for line in lines)
+
+
+def test_a_node_dead_twice_shows_its_last_record():
+    older = {"node_id": "1" * 56, "node_ip": "10.0.0.2", "state": "DEAD", "start_time_ms": 100, "end_time_ms": 200}
+    newer = dict(older, node_id="2" * 56, start_time_ms=300, end_time_ms=400)
+    current, earlier = rcf.current_and_earlier([newer, older])
+    assert current == [newer] and earlier == [older]
+    facts = rcf.build_facts("http://x:8265", "2.60.0", True, [older, newer], {}, {"w": "10.0.0.2"})
+    assert [n["node_id"] for n in facts["nodes"]] == [newer["node_id"]]
+    assert (facts["nodes_dead"], facts["missing"], len(facts["earlier_nodes"])) == (1, ["w"], 1)
+    lines = rcfilter.ray_summary_table(facts, {"w": "10.0.0.2"}, ["w"])
+    assert "1 earlier node of w is dead (replaced by its current node; Ray keeps the record)" in lines
+    assert sum(1 for line in lines if line.startswith("w ")) == 1
+
+
+def test_hosts_with_no_known_address_are_missing():
+    facts = {"nodes_alive": 1, "missing": [], "nodes": [{"ip": "10.0.0.1", "state": "ALIVE", "is_head": True}]}
+    lines = rcfilter.ray_summary_table(facts, {"h": "10.0.0.1"}, ["h", "w"])
+    assert [line.split()[:3] for line in lines if line.startswith("w ")] == [["w", "?", "MISSING"]]
+    assert lines[-1] == "Missing (no ALIVE Ray node at their fabric IP): w"
+    assert rcfilter.ray_not_alive(facts, ["h", "w"], {"h": "10.0.0.1"}) == ["w"]
+    assert rcfilter.ray_not_alive(dict(facts, missing=["h"]), ["h"], {"h": "10.0.0.1"}) == ["h"]
+
+
+def test_access_lines_carry_the_inventory_ssh_user_port_key_and_options():
+    ssh = {"host": "10.231.10.10", "user": "root", "port": "", "key": "/repo/inventory/lab/../../lab/.state/id_ed25519",
+           "common_args": "-o StrictHostKeyChecking=no", "cwd": "/repo",
+           "token_file": "/repo/inventory/lab/credentials/ray_auth_token", "token_path": "/etc/ray/auth_token"}
+    lines = rcfilter.ray_access_lines({"address": "http://10.231.20.10:8265"}, ssh)
+    assert lines[1] == ("  from a workstation: ssh -N -o ExitOnForwardFailure=yes -L 8265:10.231.20.10:8265 "
+                        "-i lab/.state/id_ed25519 -o StrictHostKeyChecking=no root@10.231.10.10")
+    assert "RAY_AUTH_TOKEN_PATH=inventory/lab/credentials/ray_auth_token" in lines[2]
+    assert "--address http://127.0.0.1:8265" in lines[2]
+    other = dict(ssh, port=2222, user="", key="~/.ssh/site", common_args="", cwd="/elsewhere")
+    tunnel = rcfilter.ray_access_lines({"address": "http://10.0.0.1:8265"}, other)[1]
+    assert tunnel.endswith("-L 8265:10.0.0.1:8265 -p 2222 -i %s 10.231.10.10" % os.path.expanduser("~/.ssh/site"))
+    assert rcfilter.ray_access_lines({}, ssh) == ["Dashboard and job API: ? (token required)"]

@@ -65,6 +65,22 @@ def test_stamp_and_wheels(tmp_path):
     assert found["wheels"] == ["a-1.whl", "b-1.whl"]
 
 
+def test_link_reports_what_the_stable_venv_path_is(tmp_path):
+    target = tmp_path / "venv-2.60.0"
+    target.mkdir()
+    link = tmp_path / "venv"
+    assert probe_mod.probe(str(target), str(tmp_path), str(tmp_path / "s"), "", "", str(link))["link"] is None
+    link.symlink_to(target)
+    assert probe_mod.probe(str(target), str(tmp_path), str(tmp_path / "s"), "", "", str(link))["link"] == str(target)
+    link.unlink()
+    link.mkdir()
+    assert probe_mod.describe_link(str(link)) == "directory"
+    link.rmdir()
+    link.write_text("")
+    assert probe_mod.describe_link(str(link)) == "other"
+    assert "link" not in probe_mod.probe(str(target), str(tmp_path), str(tmp_path / "s"))
+
+
 def test_unreadable_stamp_is_no_stamp(tmp_path):
     stamp = tmp_path / "stamp.json"
     stamp.write_text("{not json")
@@ -75,7 +91,7 @@ def test_temp_dir_space_is_measured_on_the_nearest_existing_parent(tmp_path):
     assert probe_mod.existing_parent(str(tmp_path / "x" / "y")) == str(tmp_path)
 
 
-@pytest.mark.parametrize("args", [[], ["a", "b"], ["a", "b", "c", "d", "e"]])
+@pytest.mark.parametrize("args", [[], ["a", "b"], ["a", "b", "c", "d", "e", "f", "g"]])
 def test_wrong_arguments_print_usage_and_exit_2(args):
     proc = subprocess.run([sys.executable, PROBE] + args, capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "ray_node_probe.py VENV TEMP_DIR STAMP_FILE" in proc.stderr
@@ -86,3 +102,15 @@ def test_runs_as_a_script_and_prints_one_json_object(tmp_path):
                           capture_output=True, text=True, check=True)
     found = json.loads(proc.stdout)
     assert found["ray"] == "none" and "wheels" not in found
+
+
+def test_a_restart_marker_is_reported_with_its_reason(tmp_path):
+    marker = tmp_path / ".restart-pending"
+    found = probe_mod.probe(str(tmp_path / "nope"), str(tmp_path), str(tmp_path / "s.json"), "", str(marker))
+    assert found["restart_pending"] is None
+    marker.write_text("token, environment\n")
+    found = probe_mod.probe(str(tmp_path / "nope"), str(tmp_path), str(tmp_path / "s.json"), "", str(marker))
+    assert found["restart_pending"] == "token, environment"
+    marker.write_text("")
+    found = probe_mod.probe(str(tmp_path / "nope"), str(tmp_path), str(tmp_path / "s.json"), "", str(marker))
+    assert found["restart_pending"]  # an empty marker still means a restart is owed

@@ -69,3 +69,15 @@ def test_node_software_lines():
         "gpu1: NCCL 2.32.3, 8 GPU(s), driver 570.133.20",
         "cpu1: NCCL not verified, 0 GPU(s), driver none",
     ]
+
+
+def test_interface_of_ipv4_finds_primary_and_secondary_addresses():
+    interface_of_ipv4 = f.interface_of_ipv4
+    facts = {"interfaces": ["lo", "eth0", "ib0"],
+             "eth0": {"ipv4": {"address": "10.1.0.5"}},
+             "ib0": {"ipv4": {"address": "10.2.0.5"}, "ipv4_secondaries": [{"address": "10.3.0.5"}]},
+             "lo": {"ipv4": {"address": "127.0.0.1"}}}
+    assert interface_of_ipv4(facts, "10.2.0.5") == "ib0"
+    assert interface_of_ipv4(facts, "10.3.0.5") == "ib0"
+    assert interface_of_ipv4(facts, "10.9.9.9") == ""
+    assert interface_of_ipv4(facts, "") == ""

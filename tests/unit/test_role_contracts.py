@@ -41,3 +41,47 @@ def test_defaults_match_argument_specs_and_readme(role):
         assert spec.get("description"), f"{role}: {name} has no description"
     undocumented = sorted(n for n in public if n not in readme)
     assert undocumented == [], f"{role}: README does not mention {undocumented}"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_spec_defaults_equal_the_role_defaults(role):
+    """The default a spec documents is the one the role uses (templated defaults excepted: they are computed)."""
+    path = ROOT / "roles" / role
+    defaults = yaml.safe_load((path / "defaults" / "main.yml").read_text()) or {}
+    specs = yaml.safe_load((path / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    differ = []
+    for name, spec in specs["main"]["options"].items():
+        value = defaults.get(name)
+        if isinstance(value, str) and "{{" in value:
+            continue
+        documented = spec.get("default")
+        if spec.get("type") in ("str", "path") and value is not None and documented is not None:
+            value, documented = str(value), str(documented)
+        if documented != value:
+            differ.append(f"{name}: spec {documented!r}, defaults/main.yml {value!r}")
+    assert differ == [], f"{role}: " + "; ".join(differ)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_entry_point_shares_the_main_options(role):
+    """Entry points take the same variables as main (one definition, YAML anchors), and have a tasks file."""
+    path = ROOT / "roles" / role
+    specs = yaml.safe_load((path / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    for entry, spec in specs.items():
+        assert spec.get("options") == specs["main"]["options"], f"{role}: entry point {entry} has its own options"
+        assert (path / "tasks" / f"{entry}.yml").is_file(), f"{role}: entry point {entry} has no tasks/{entry}.yml"
+
+
+def test_the_sample_inventory_lists_every_role_variable_and_is_current():
+    """inventory/sample/group_vars/all/*.yml: every public variable of every role, at its spec default."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "sample_group_vars.py"), "--check"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sample = "\n".join(p.read_text() for p in sorted((ROOT / "inventory" / "sample" / "group_vars" / "all").glob("*.yml")))
+    for role in ROLES:
+        specs = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+        missing = [n for n in specs["main"]["options"] if f"\n# {n}: " not in sample]
+        assert missing == [], f"{role}: not in the sample inventory: {missing}"

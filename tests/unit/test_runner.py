@@ -154,3 +154,22 @@ def test_failures_from_events_skips_ignored():
     ]
     assert runner.failures_from_events(events) == [
         {"host": "b", "play": "p", "task": "t", "msg": "item 1 bad", "unreachable": False}]
+
+
+PUBLISH_THEN_FAIL_UNLESS_REPORT_ONLY = PUBLISH + """
+    - name: Fail when an inventory host is not an alive Ray node
+      ansible.builtin.fail:
+        msg: "1 inventory host(s) not an ALIVE Ray node: worker1"
+      when: not (raymetal_status_report_only | default(false) | bool)
+"""
+
+
+def test_status_reports_a_degraded_cluster_unless_all_must_be_alive(tmp_path, inventory, monkeypatch):
+    # status.yml exits 2 when a host is not alive; the API still returns the report by default.
+    monkeypatch.setattr(runner, "STATUS_PLAYBOOK",
+                        playbook(tmp_path, PUBLISH_THEN_FAIL_UNLESS_REPORT_ONLY.replace('"{{ nodes | int }}"', "1")))
+    assert runner.status(inventory) == {"nodes_alive": 1, "ray_version": "2.60.0"}
+    with pytest.raises(RaymetalError) as err:
+        runner.status(inventory, require_all_alive=True)
+    assert err.value.rc == 2
+    assert err.value.failures[0]["msg"] == "1 inventory host(s) not an ALIVE Ray node: worker1"

@@ -1,0 +1,1 @@
+../plugins/modules/node_checks.py

@@ -1,0 +1,452 @@
+"""Acceptance verdicts: per-node PASS/WARN/FAIL from node_checks facts, drift and traffic figures.
+
+The playbook (playbooks/acceptance.yml) gathers each node's ``node_checks`` fact and hands them
+here; everything that decides a verdict lives in these functions, which the unit tests call directly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+DOCUMENTATION_ACCEPTANCE_NODES = """
+name: acceptance_nodes
+short_description: Collect each host's node_checks fact from hostvars
+description:
+  - Returns {host: node_checks fact}; a host without the fact (unreachable, module failed) gets
+    a record with one C(fail) finding that says so, so it is never silently left out.
+"""
+
+DOCUMENTATION_ACCEPTANCE_REPORT = """
+name: acceptance_report
+short_description: Turn node checks, drift and traffic figures into per-node verdicts
+description:
+  - Input is {host: node_checks fact} (from acceptance_nodes), the pinned versions (a dict, empty
+    values ignored), the version keys whose drift is a failure (others warn), and optional traffic
+    results (a list of {kind, src, dst, ...} from the ring tests).
+  - Returns {nodes: {host: {verdict, findings, figures}}, drift: [...], traffic: [...],
+    summary: {PASS, WARN, FAIL}, lines: ["host: VERDICT reason; reason"], failed: bool}.
+"""
+
+# Compared first, in this order; any other version a node reports (cupy, acceptance_packages) after them.
+DRIFT_KEYS = ("nvidia_driver", "cuda", "nccl", "ray", "python", "kernel", "rdma-core", "hca_firmware")
+DRIFT_LABELS = {"nvidia_driver": "NVIDIA driver", "cuda": "CUDA", "nccl": "NCCL", "ray": "Ray",
+                "python": "Python", "kernel": "kernel", "rdma-core": "rdma-core", "hca_firmware": "HCA firmware"}
+DEFAULT_DRIFT_FAIL = ("nvidia_driver", "cuda", "nccl", "ray", "python")
+SEVERITY_ORDER = {"fail": 0, "warn": 1}
+
+
+def _natural(name):
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(name))]
+
+
+def _finding(severity, check, subject, message):
+    return {"severity": severity, "check": check, "subject": subject, "message": message}
+
+
+def acceptance_nodes(hosts, hostvars, fact="node_checks"):
+    """{host: node_checks fact}; hosts without it get a fail finding naming why."""
+    nodes = {}
+    for host in hosts or []:
+        hvars = hostvars[host] if host in hostvars else {}
+        facts = hvars.get("ansible_facts") or {}
+        record = facts.get(fact)
+        if isinstance(record, dict):
+            nodes[host] = record
+            continue
+        why = hvars.get("__acceptance_error") or "unreachable, or the node_checks module failed"
+        nodes[host] = {"ports": [], "pcie": [], "gpu_count": None, "nvidia_peermem": None, "hca_firmware": {},
+                       "versions": {}, "findings": [_finding("fail", "reachable", host,
+                                                             "no node checks: %s" % str(why).strip())]}
+    return nodes
+
+
+def _value(record, key):
+    if key == "hca_firmware":
+        firmware = sorted(set((record.get("hca_firmware") or {}).values()))
+        return ",".join(firmware) if firmware else None
+    return (record.get("versions") or {}).get(key)
+
+
+def _show(value):
+    return "none" if value in (None, "") else str(value)
+
+
+def drift(nodes, pinned=None, fail_keys=DEFAULT_DRIFT_FAIL):
+    """Version differences across nodes and against pinned values: one finding per host and key.
+
+    Returns (findings_by_host, drift_list). The reference for a key is its most common value;
+    a tie goes to the value of the first host in the order given (the head comes first).
+    """
+    pinned = dict((k, v) for k, v in (pinned or {}).items() if v not in (None, ""))
+    hosts = [h for h in nodes if nodes[h].get("versions")]
+    by_host = dict((h, []) for h in nodes)
+    listing = []
+    extra = sorted(set(k for h in hosts for k in nodes[h]["versions"]) - set(DRIFT_KEYS))
+    for key in list(DRIFT_KEYS) + extra:
+        values = dict((h, _value(nodes[h], key)) for h in hosts)
+        if not values:
+            continue
+        severity = "fail" if key in fail_keys else "warn"
+        label = DRIFT_LABELS.get(key, key)
+        if key in pinned:
+            for host in hosts:
+                if str(values[host]) != str(pinned[key]):
+                    message = "%s %s, pinned %s" % (label, _show(values[host]), pinned[key])
+                    by_host[host].append(_finding(severity, "drift", key, message))
+                    listing.append({"key": key, "host": host, "value": values[host], "expected": pinned[key],
+                                    "against": "pinned"})
+            continue
+        counts = {}
+        for host in hosts:
+            counts.setdefault(values[host], []).append(host)
+        if len(counts) < 2:
+            continue
+        reference = max(counts, key=lambda v: (len(counts[v]), -hosts.index(counts[v][0])))
+        for value, members in counts.items():
+            if value == reference:
+                continue
+            for host in members:
+                message = "%s %s, others %s (%s)" % (label, _show(value), _show(reference),
+                                                      ", ".join(counts[reference]))
+                by_host[host].append(_finding(severity, "drift", key, message))
+                listing.append({"key": key, "host": host, "value": value, "expected": reference,
+                                "against": "majority"})
+    return by_host, listing
+
+
+def rate_findings(nodes):
+    """Ports that trained below the best rate of their link layer across the cluster.
+
+    Ports already below the best of their own node are reported by node_checks itself.
+    """
+    best = {}
+    for record in nodes.values():
+        for port in record.get("ports") or []:
+            if port.get("state") == "ACTIVE" and port.get("rate_gbps"):
+                layer = port.get("link_layer")
+                best[layer] = max(best.get(layer, 0), port["rate_gbps"])
+    by_host = dict((h, []) for h in nodes)
+    for host, record in nodes.items():
+        active = [p for p in record.get("ports") or [] if p.get("state") == "ACTIVE" and p.get("rate_gbps")]
+        for layer in sorted(set(p.get("link_layer") for p in active)):
+            mine = [p for p in active if p.get("link_layer") == layer]
+            node_best = max(p["rate_gbps"] for p in mine)
+            if node_best >= best[layer]:
+                continue
+            for port in mine:
+                if port["rate_gbps"] == node_best:
+                    name = port.get("netdev") or "%s:%s" % (port.get("name"), port.get("port"))
+                    by_host[host].append(_finding("fail", "port_rate", "%s:%s" % (port.get("name"), port.get("port")),
+                                                  "%s rate %g Gb/s, others %g Gb/s" % (name, node_best, best[layer])))
+    return by_host
+
+
+def traffic_findings(nodes, traffic):
+    """Findings from ring tests: each result names its sender; a failed or slow pair fails the sender."""
+    by_host = dict((h, []) for h in nodes)
+    for item in traffic or []:
+        host = item.get("src")
+        if host not in by_host:
+            continue
+        kind = item.get("kind", "traffic")
+        if item.get("error"):
+            by_host[host].append(_finding(item.get("severity", "fail"), kind, item.get("dst"),
+                                          ("%s to %s: %s" % (kind, item["dst"], item["error"])) if item.get("dst")
+                                          else "%s: %s" % (kind, item["error"])))
+        elif item.get("threshold_gbps") and (item.get("gbps") or 0) < item["threshold_gbps"]:
+            by_host[host].append(_finding("fail", kind, item.get("dst"), "%s to %s %.2f Gb/s, below %.2f Gb/s" % (
+                kind, item.get("dst"), item.get("gbps") or 0, item["threshold_gbps"])))
+    return by_host
+
+
+def _figures(record):
+    """A short line of what was measured on a node, for PASS lines."""
+    ports = [p for p in record.get("ports") or [] if p.get("state") == "ACTIVE"]
+    parts = []
+    if ports:
+        rates = sorted(set(p.get("rate_gbps") for p in ports if p.get("rate_gbps")))
+        parts.append("%d RDMA port(s) at %s Gb/s" % (len(ports), "/".join("%g" % r for r in rates) or "?"))
+    else:
+        parts.append("no RDMA ports")
+    count = record.get("gpu_count")
+    if count:
+        widths = sorted(set("x%s" % p.get("width") for p in record.get("pcie") or [] if p.get("kind") == "gpu"))
+        parts.append("%d GPU(s) PCIe %s" % (count, "/".join(widths)))
+        parts.append("nvidia_peermem %s" % ("loaded" if record.get("nvidia_peermem") else "not loaded"))
+    elif count == 0:
+        parts.append("no GPUs")
+    versions = record.get("versions") or {}
+    if versions.get("ray"):
+        parts.append("Ray %s" % versions["ray"])
+    return ", ".join(parts)
+
+
+def acceptance_report(nodes, pinned=None, fail_keys=None, traffic=None):
+    """Per-node verdicts and the report (see DOCUMENTATION_ACCEPTANCE_REPORT)."""
+    fail_keys = DEFAULT_DRIFT_FAIL if fail_keys is None else tuple(fail_keys)
+    drift_by_host, drift_list = drift(nodes, pinned, fail_keys)
+    rates = rate_findings(nodes)
+    moves = traffic_findings(nodes, traffic)
+    report = {"nodes": {}, "drift": drift_list, "traffic": list(traffic or []), "lines": [],
+              "summary": {"PASS": 0, "WARN": 0, "FAIL": 0}}
+    for host in nodes:
+        record = nodes[host]
+        findings = list(record.get("findings") or []) + rates[host] + drift_by_host[host] + moves[host]
+        findings.sort(key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 2))
+        severities = set(f.get("severity") for f in findings)
+        verdict = "FAIL" if "fail" in severities else "WARN" if "warn" in severities else "PASS"
+        figures = _figures(record)
+        sent = ["%s to %s %.2f Gb/s" % (t.get("kind"), t.get("dst"), t["gbps"]) for t in traffic or []
+                if t.get("src") == host and t.get("gbps") is not None]
+        for item in traffic or []:
+            if item.get("src") == host and item.get("mb_per_s") is not None:
+                text = "Ray object to %s %.1f MB/s" % (item.get("dst"), item["mb_per_s"])
+                if item.get("ratio") is not None:
+                    text += " (TCP %.1f MB/s, ratio %.2f)" % (item["tcp_mb_per_s"], item["ratio"])
+                sent.append(text)
+        if sent:
+            figures = ", ".join([figures] + sent)
+        report["nodes"][host] = {"verdict": verdict, "findings": findings, "figures": figures,
+                                 "versions": record.get("versions") or {}}
+        report["summary"][verdict] += 1
+        reasons = "; ".join(f["message"] for f in findings) if findings else figures
+        report["lines"].append("%s: %s %s" % (host, verdict, reasons))
+    report["failed"] = report["summary"]["FAIL"] > 0
+    return report
+
+
+def threshold_gbps(link_src, link_dst, fraction, minimum=0):
+    """The pass mark of one pair: ``minimum`` when set (> 0), else ``fraction`` of the slower link; None if unknown."""
+    if minimum and float(minimum) > 0:
+        return float(minimum)
+    rates = [link.get("gbps") for link in (link_src, link_dst) if isinstance(link, dict) and link.get("gbps")]
+    return round(float(fraction) * min(rates), 3) if rates else None
+
+
+def iperf3_result(res, src, dst, threshold=None, missing=""):
+    """One ring pair from a registered ``iperf3 -J`` client run: {kind, src, dst, gbps, threshold_gbps, ...}.
+
+    ``missing`` (a reason) wins: the pair was not run. A non-zero exit or unparseable output becomes
+    ``error`` with iperf3's own message.
+    """
+    item = {"kind": "iperf3", "src": src, "dst": dst, "gbps": None, "threshold_gbps": threshold,
+            "retransmits": None, "error": None}
+    if missing:
+        item["error"] = missing
+        return item
+    res = res or {}
+    if res.get("skipped"):
+        item["error"] = "not run (%s)" % (res.get("skip_reason") or "skipped")
+        return item
+    text = res.get("stdout") or ""
+    try:
+        data = json.loads(text) if text.strip() else {}
+    except ValueError:
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    if data.get("error") or res.get("rc") not in (0, None) or "end" not in data:
+        why = data.get("error") or (res.get("stderr") or "").strip() or text.strip()[-300:] or "no output"
+        if res.get("rc") == 124:
+            why = "timed out (%s)" % why
+        item["error"] = "iperf3 failed (rc=%s): %s" % (res.get("rc"), why)
+        return item
+    end = data["end"]
+    received = end.get("sum_received") or end.get("sum") or {}
+    sent = end.get("sum_sent") or {}
+    item["gbps"] = round(float(received.get("bits_per_second", 0)) / 1e9, 3)
+    item["retransmits"] = sent.get("retransmits")
+    item["seconds"] = received.get("seconds")
+    return item
+
+
+_PERFTEST_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$")
+
+
+def ib_write_bw_result(text, src, dst, threshold=None):
+    """One pair from ib_write_bw's client output (perftest): average bandwidth in Gb/s.
+
+    Reads the unit from the header (``BW average[Gb/sec]`` with --report_gbits, else ``[MB/sec]``) and
+    the last result row (the largest message size with -a).
+    """
+    item = {"kind": "ib_write_bw", "src": src, "dst": dst, "gbps": None, "threshold_gbps": threshold,
+            "error": None}
+    unit = None
+    row = None
+    for line in (text or "").splitlines():
+        header = re.search(r"BW average\[(Gb/sec|MB/sec|MiB/sec)\]", line)
+        if header:
+            unit = header.group(1)
+            continue
+        match = _PERFTEST_ROW.match(line)
+        if match and unit:
+            row = match
+    if row is None:
+        tail = " | ".join(line.strip() for line in (text or "").strip().splitlines()[-3:])
+        item["error"] = "no bandwidth in ib_write_bw output: %s" % (tail or "empty")
+        return item
+    average = float(row.group(4))
+    if unit == "MB/sec":
+        average = average * 8 / 1000.0
+    elif unit == "MiB/sec":
+        average = average * 8 * 1.048576 / 1000.0
+    item["gbps"] = round(average, 3)
+    item["bytes"] = int(row.group(1))
+    return item
+
+
+def acceptance_traffic(hosts, hostvars, keys=("__acceptance_traffic_items", "__acceptance_ray_items")):
+    """Every ring result the hosts recorded (a list per host under each of ``keys``), in host order."""
+    items = []
+    for key in [keys] if isinstance(keys, str) else keys:
+        for host in hosts or []:
+            hvars = hostvars[host] if host in hostvars else {}
+            value = hvars.get(key)
+            if isinstance(value, dict):
+                value = [value]
+            for item in value or []:
+                if isinstance(item, dict):
+                    items.append(item)
+    return items
+
+
+def ray_transfer_items(res, hosts, hostvars, tcp=None):
+    """Ring pairs from roles/acceptance/files/ray_transfer.py, named by host, next to iperf3's TCP figure.
+
+    ``res`` is the registered script result; node IPs are matched to hosts by their fabric address.
+    Each item: {kind: ray_object, src, dst, mb_per_s, tcp_mb_per_s, ratio, error}.
+    """
+    res = res or {}
+    by_ip = {}
+    for host in hosts or []:
+        hvars = hostvars[host] if host in hostvars else {}
+        address = ((hvars.get("ansible_facts") or {}).get("fabric") or {}).get("address")
+        if address:
+            by_ip[address] = host
+    if res.get("skipped"):
+        return []
+    try:
+        data = json.loads((res.get("stdout") or "").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        data = {"error": "ray_transfer.py failed (rc=%s): %s" % (
+            res.get("rc"), ((res.get("stderr") or res.get("msg") or "").strip().splitlines() or ["no output"])[-1][:300])}
+    if not isinstance(data, dict):
+        data = {"error": "unexpected output from ray_transfer.py: %r" % (res.get("stdout") or "")[:200]}
+    if data.get("error"):
+        head = (hosts or ["head"])[0]
+        return [{"kind": "ray_object", "src": head, "dst": None, "mb_per_s": None, "error": data["error"]}]
+    tcp_by_pair = dict(((t.get("src"), t.get("dst")), t.get("gbps")) for t in tcp or [] if t.get("kind") == "iperf3")
+    items = []
+    for pair in data.get("pairs") or []:
+        src, dst = by_ip.get(pair.get("src_ip"), pair.get("src_ip")), by_ip.get(pair.get("dst_ip"), pair.get("dst_ip"))
+        item = {"kind": "ray_object", "src": src, "dst": dst, "mb_per_s": pair.get("mb_per_s"),
+                "bytes": pair.get("bytes"), "seconds": pair.get("seconds"), "tcp_mb_per_s": None, "ratio": None,
+                "error": pair.get("error")}
+        gbps = tcp_by_pair.get((src, dst))
+        if gbps:
+            item["tcp_mb_per_s"] = round(gbps * 1000 / 8, 1)
+            if item["mb_per_s"]:
+                item["ratio"] = round(item["mb_per_s"] / item["tcp_mb_per_s"], 3)
+        items.append(item)
+    return items
+
+
+_NCCL_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
+_NCCL_CHANNEL = re.compile(r"NCCL INFO Channel \S+ : .* via (NET/[A-Za-z]+)(/\d+)?(/GDRDMA)?")
+_NCCL_VERSION = re.compile(r"NCCL INFO NCCL version (\S+)")
+_NCCL_IB_DEVICES = re.compile(r"NCCL INFO NET/IB : Using (.*?)(?: ;|$)")
+
+
+def nccl_transport(log):
+    """What NCCL chose, from NCCL_DEBUG=INFO output.
+
+    Returns {network: IB|Socket|None, transport: NET/IB|NET/Socket|None, gdrdma: bool, version,
+    ib_devices: [...]}. ``network`` comes from "Using network X", ``transport`` from the channels'
+    "via NET/X" (the first seen), ``gdrdma`` whether any network channel uses GPUDirect RDMA.
+    """
+    result = {"network": None, "transport": None, "gdrdma": False, "version": None, "ib_devices": []}
+    for line in (log or "").splitlines():
+        match = _NCCL_NETWORK.search(line)
+        if match and result["network"] is None:
+            result["network"] = match.group(1)
+        match = _NCCL_CHANNEL.search(line)
+        if match:
+            result["transport"] = result["transport"] or match.group(1)
+            result["gdrdma"] = result["gdrdma"] or bool(match.group(3))
+        match = _NCCL_VERSION.search(line)
+        if match and result["version"] is None:
+            result["version"] = match.group(1)
+        match = _NCCL_IB_DEVICES.search(line)
+        if match:
+            result["ib_devices"] = re.findall(r"\](\S+?)/(?:IB|RoCE)", match.group(1))
+    if result["transport"] is None and result["network"]:
+        result["transport"] = "NET/%s" % result["network"]
+    return result
+
+
+def nccl_busbw(size_bytes, seconds, ranks):
+    """All-reduce bandwidths as nccl-tests reports them: (algbw, busbw) in GB/s.
+
+    algbw = size / time; busbw = algbw * 2 * (n - 1) / n, the traffic each rank's link carries in a
+    ring all-reduce, comparable to the link's own rate. One rank: busbw 0.
+    """
+    if seconds <= 0 or ranks < 1:
+        raise ValueError("need a positive time and at least one rank, got %r s, %r ranks" % (seconds, ranks))
+    algbw = size_bytes / seconds / 1e9
+    return round(algbw, 3), round(algbw * 2 * (ranks - 1) / ranks, 3)
+
+
+def nccl_verdict(transport, rdma_fabric, host, ranks=2):
+    """A finding (or None) for the transport NCCL chose on this host.
+
+    On an RDMA fabric, NET/Socket is a failure (NCCL fell back to TCP), and NET/IB without GPUDirect
+    RDMA a warning. A one-rank communicator uses no network and proves only that NCCL loads.
+    """
+    if ranks < 2:
+        return None
+    chosen = transport.get("transport")
+    if chosen is None:
+        return _finding("fail", "nccl", host, "NCCL reported no network transport (was NCCL_DEBUG=INFO set?)")
+    if rdma_fabric and chosen == "NET/Socket":
+        return _finding("fail", "nccl", host, "NCCL chose NET/Socket on an RDMA fabric: collectives go over TCP "
+                                              "(check NCCL_IB_HCA, nvidia_peermem and the HCAs' state)")
+    if rdma_fabric and chosen == "NET/IB" and not transport.get("gdrdma"):
+        return _finding("warn", "nccl", host, "NCCL uses NET/IB without GPUDirect RDMA (GDRDMA): data is staged "
+                                              "through host memory (is nvidia_peermem loaded?)")
+    return None
+
+
+def ring_pairs(hosts):
+    """[(sender, receiver)]: each host sends to the next, the last to the first (none for one host)."""
+    hosts = list(hosts or [])
+    if len(hosts) < 2:
+        return []
+    return [(hosts[i], hosts[(i + 1) % len(hosts)]) for i in range(len(hosts))]
+
+
+def ring_next(host, hosts):
+    """The host this one sends to in the ring, or None."""
+    for sender, receiver in ring_pairs(hosts):
+        if sender == host:
+            return receiver
+    return None
+
+
+class FilterModule:
+    """Acceptance filters."""
+
+    def filters(self):
+        return {
+            "acceptance_nodes": acceptance_nodes,
+            "acceptance_report": acceptance_report,
+            "ring_next": ring_next,
+            "threshold_gbps": threshold_gbps,
+            "iperf3_result": iperf3_result,
+            "ib_write_bw_result": ib_write_bw_result,
+            "acceptance_traffic": acceptance_traffic,
+            "ray_transfer_items": ray_transfer_items,
+            "nccl_transport": nccl_transport,
+            "nccl_busbw": nccl_busbw,
+            "nccl_verdict": nccl_verdict,
+        }

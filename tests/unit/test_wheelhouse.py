@@ -1,0 +1,122 @@
+"""The wheelhouse builder (raymetal/wheelhouse.py) and the preflight filter (plugins/filter/wheelhouse.py).
+
+pip itself is replaced by a recorder that plays a package index: the tests
+check which pip commands the builder runs, what it reports, and what it says
+when a package is missing. The real download of numpy is in
+tests/lab/test_workstation_job.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import importlib.util
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(name, path):
+    # By path: other tests put plugins/filter (with its raymetal.py) on sys.path.
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+wh = load("raymetal_wheelhouse", "raymetal/wheelhouse.py")
+whfilter = load("wheelhouse_filter", "plugins/filter/wheelhouse.py")
+
+HERE = {"python": "3.11", "machine": "x86_64", "glibc": "2.36"}
+
+
+def test_same_python_machine_and_newer_glibc_is_a_plain_download():
+    assert wh.target_args("3.11", "x86_64", "2.36", here=HERE) == ([], "native")
+    assert wh.target_args("", "", "", here=HERE) == ([], "native")
+    assert wh.target_args("3.11", "x86_64", "2.39", here=HERE) == ([], "native")
+
+
+def test_other_python_or_older_glibc_gets_wheels_for_the_nodes():
+    args, mode = wh.target_args("3.12", "x86_64", "2.28", here=HERE)
+    assert mode == "cross"
+    assert args[:7] == ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312"]
+    tags = args[8::2]
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags and "manylinux2014_x86_64" in tags
+    assert "manylinux_2_29_x86_64" not in tags  # newer than the nodes' glibc
+    args, mode = wh.target_args("3.11", "aarch64", "2.36", here=HERE)
+    assert mode == "cross" and "manylinux_2_36_aarch64" in args and "manylinux1_aarch64" not in args
+    args, _ = wh.target_args("3.11", "", "", ["manylinux_2_28_x86_64"], here=HERE)
+    assert args[-2:] == ["--platform", "manylinux_2_28_x86_64"]
+
+
+def test_bad_target_is_a_message():
+    with pytest.raises(wh.WheelhouseError, match="not of the form 3.N"):
+        wh.target_args("311", here=HERE)
+    with pytest.raises(wh.WheelhouseError, match="ray_wheelhouse_platforms"):
+        wh.target_args("3.12", "x86_64", "", here=dict(HERE, glibc=""))  # musl, or unknown
+
+
+class FakePip:
+    """pip download against a fake index: offline it finds what is in dest, online it 'downloads'."""
+
+    def __init__(self, index):
+        self.index = index  # requirement -> file name
+        self.calls = []
+
+    def __call__(self, cmd, **kwargs):
+        self.calls.append(cmd)
+        dest = Path(cmd[cmd.index("-d") + 1])
+        reqs = [a for a in cmd if a in self.index or a.startswith("nope")]
+        offline = "--no-index" in cmd
+        for req in reqs:
+            name = self.index.get(req)
+            if name is None or (offline and not (dest / name).exists()):
+                return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for %s\n" % req)
+        for req in reqs:
+            (dest / self.index[req]).write_text("wheel")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+
+def test_build_downloads_once_then_is_idempotent(tmp_path):
+    pip = FakePip({"ray==2.60.0": "ray-2.60.0-cp311-cp311-manylinux2014_x86_64.whl",
+                   "numpy==2.4.6": "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl"})
+    dest = str(tmp_path / "wh")
+    report = wh.build(dest, ["ray==2.60.0", "numpy==2.4.6"], [], run=pip)
+    assert report["changed"] is True
+    assert report["added"] == ["numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl",
+                               "ray-2.60.0-cp311-cp311-manylinux2014_x86_64.whl"]
+    assert "--no-index" in pip.calls[0] and "--no-index" not in pip.calls[1]
+    again = wh.build(dest, ["ray==2.60.0", "numpy==2.4.6"], [], run=pip)
+    assert again["changed"] is False and again["added"] == []
+    assert len(pip.calls) == 3  # the rerun only asked the wheelhouse itself
+
+
+def test_build_names_the_package_pip_cannot_find(tmp_path):
+    pip = FakePip({"ray==2.60.0": "ray-2.60.0-cp311-cp311-manylinux2014_x86_64.whl"})
+    with pytest.raises(wh.WheelhouseError) as err:
+        wh.build(str(tmp_path / "wh"), ["ray==2.60.0", "nope==1.0"], ["--python-version", "3.12"], index_url="http://i/simple",
+                 run=pip)
+    assert "No matching distribution found for nope==1.0" in str(err.value)
+    assert pip.calls[1][pip.calls[1].index("--index-url") + 1] == "http://i/simple"
+    assert "--python-version" in pip.calls[1]
+
+
+def test_cli_prints_json_or_a_message(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(wh, "build", lambda *a, **k: (_ for _ in ()).throw(wh.WheelhouseError("boom")))
+    assert wh.main(["--dest", str(tmp_path), "ray==2.60.0"]) == 1
+    assert capsys.readouterr().err.strip() == "wheelhouse: boom"
+
+
+WHEELS = ["/wh/ray-2.60.0-cp311-cp311-manylinux2014_x86_64.whl",
+          "/wh/numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+          "/wh/PyYAML-6.0.3.tar.gz", "/wh/.complete-ray-2.60.0"]
+
+
+def test_wheelhouse_missing_names_only_what_is_absent():
+    assert whfilter.wheelhouse_missing(["ray[default]==2.60.0", "numpy==2.4.6", "pyyaml>=6", "NumPy"], WHEELS) == []
+    assert whfilter.wheelhouse_missing(["ray[default]==2.61.0", "numpy==2.4.6", "torch==2.9.1"], WHEELS) == [
+        "ray[default]==2.61.0", "torch==2.9.1"]
+    assert whfilter.wheelhouse_missing(["numpy"], []) == ["numpy"]
+    assert whfilter.wheelhouse_missing(["bad req !"], WHEELS)[0].startswith("bad req ! (not a pip requirement: ")
