@@ -2,13 +2,17 @@
 
 Run by the node's system Python (standard library only) in one round trip:
 
-    python3 ray_node_probe.py VENV TEMP_DIR STAMP_FILE [WHEEL_DIR]
+    python3 ray_node_probe.py VENV TEMP_DIR STAMP_FILE WHEEL_DIR RESTART_MARKER [LINK]
 
 - shm_bytes: size of /dev/shm (where Ray's object store lives)
 - temp_free_mb: free space on the filesystem that holds (or will hold) TEMP_DIR
 - ray, python: the Ray and Python versions inside VENV ("none" when VENV or Ray is missing)
 - stamp: the install record that the role wrote into VENV after its last pip run (null if none)
-- wheels: the file names in WHEEL_DIR on the node, sorted (only when WHEEL_DIR is given)
+- wheels: the file names in WHEEL_DIR on the node, sorted (only when WHEEL_DIR is not empty)
+- restart_pending: the reason recorded in RESTART_MARKER by a run that changed Ray's files but did not get
+  to restart Ray (it failed later), or null: the next run owes that restart
+- link: what LINK is (only when LINK is given): the target it points to, "directory" for a
+  real directory, "other" for anything else, null when it does not exist
 """
 
 import json
@@ -69,7 +73,29 @@ def list_wheels(directory):
     return sorted(n for n in names if not n.startswith(".") and os.path.isfile(os.path.join(directory, n)))
 
 
-def probe(venv, temp_dir, stamp_file, wheel_dir=None, shm="/dev/shm"):
+def read_marker(path):
+    """The reason recorded in the restart marker, or None when there is no marker."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip() or "an earlier run changed Ray's configuration"
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return "restart marker %s unreadable (%s)" % (path, err.strerror)
+
+
+def describe_link(path):
+    """The target of the link at path, "directory", "other", or None when nothing is there."""
+    if os.path.islink(path):
+        return os.readlink(path)
+    if os.path.isdir(path):
+        return "directory"
+    return "other" if os.path.lexists(path) else None
+
+
+def probe(venv, temp_dir, stamp_file, wheel_dir=None, restart_marker=None, link=None, shm="/dev/shm"):
     """Everything the role reads from the node, as a dict."""
     shm_stat = os.statvfs(shm)
     temp_stat = os.statvfs(existing_parent(temp_dir))
@@ -77,15 +103,18 @@ def probe(venv, temp_dir, stamp_file, wheel_dir=None, shm="/dev/shm"):
         "shm_bytes": shm_stat.f_blocks * shm_stat.f_frsize,
         "temp_free_mb": temp_stat.f_bavail * temp_stat.f_frsize // (1024 * 1024),
         "stamp": read_stamp(stamp_file),
+        "restart_pending": read_marker(restart_marker),
     }
     result.update(venv_versions(venv))
     if wheel_dir:
         result["wheels"] = list_wheels(wheel_dir)
+    if link:
+        result["link"] = describe_link(link)
     return result
 
 
 def main(argv):
-    if len(argv) not in (4, 5):
+    if len(argv) not in (4, 5, 6, 7):
         sys.stderr.write(__doc__)
         return 2
     print(json.dumps(probe(*argv[1:])))
