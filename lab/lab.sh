@@ -6,6 +6,7 @@
 #   lab/lab.sh status   show what is running
 #   lab/lab.sh image    build the node image only (cached)
 #   lab/lab.sh wheelhouse  build the offline wheelhouse only (cached)
+#   lab/lab.sh mirror   build (once) and serve the lab's Debian package mirror
 #
 # Every node boots systemd as PID 1 and runs sshd; Ansible reaches it over the
 # management network. A second network is renamed to `ib0` inside each node and
@@ -29,6 +30,14 @@ LAB_INVENTORY=${LAB_INVENTORY:-$ROOT/inventory/lab/hosts.yml}
 RAY_VERSION=${RAY_VERSION:-2.60.0}
 NCCL_WHEEL=${NCCL_WHEEL:-nvidia-nccl-cu12==2.32.3}
 PIP=${PIP:-$ROOT/.venv/bin/pip}
+# Directories whose file listing is recorded on each new node (LAB_STATE/NAME.fresh-files).
+LAB_LISTED_DIRS="/etc /opt /var/cache /var/lib /usr/local"
+# The lab's apt mirror: the packages in lab/mirror-packages.txt plus their
+# dependencies missing from the node image, served over HTTP on the
+# management network at .5 (nodes reach nothing else).
+LAB_MIRROR_PACKAGES_FILE=${LAB_MIRROR_PACKAGES_FILE:-$LAB_DIR/mirror-packages.txt}
+LAB_MIRROR_DIR=${LAB_MIRROR_DIR:-$LAB_CACHE/apt-mirror}
+LAB_MIRROR_PORT=${LAB_MIRROR_PORT:-8080}
 
 # Everything the roles install from the OS is baked in: nodes are offline.
 # Stage 1 (debootstrap) gets the base system; stage 2 (apt-get in a chroot)
@@ -42,8 +51,9 @@ IMAGE_PACKAGES=(
   ufw firewalld rdma-core ibverbs-utils infiniband-diags gnupg less
 )
 # Bump when build_rootfs changes what ends up in the image.
-IMAGE_REVISION=2
-IMAGE_TAG=$(printf '%s\n' "$IMAGE_REVISION" "${BASE_PACKAGES[@]}" "${IMAGE_PACKAGES[@]}" | sha256sum | cut -c1-12)
+IMAGE_REVISION=3
+IMAGE_TAG=$(printf '%s\n' "$IMAGE_REVISION" "${BASE_PACKAGES[@]}" "${IMAGE_PACKAGES[@]}" \
+  | cat - "$LAB_DIR/files/raymetal-lab-fabric" | sha256sum | cut -c1-12)
 # One image for every lab prefix: its content does not depend on the prefix.
 LAB_IMAGE=${LAB_IMAGE:-raymetal-node:$IMAGE_TAG}
 
@@ -131,6 +141,25 @@ build_rootfs() {
   printf '[Service]\nExecStartPre=\nExecStartPre=/usr/bin/ssh-keygen -A\nExecStartPre=/usr/sbin/sshd -t\n' \
     >"$dir/etc/systemd/system/ssh.service.d/lab-hostkeys.conf"
   mkdir -p "$dir/root/.ssh" && chmod 700 "$dir/root/.ssh"
+  # The fabric NIC keeps its name ib0 across container restarts (the lab's reboots).
+  install -m 0755 "$LAB_DIR/files/raymetal-lab-fabric" "$dir/usr/local/sbin/raymetal-lab-fabric"
+  cat >"$dir/etc/systemd/system/raymetal-lab-fabric.service" <<'UNIT'
+[Unit]
+Description=raymetal lab: name the fabric NIC ib0 (a real NIC keeps its name across reboots)
+DefaultDependencies=no
+After=local-fs.target
+Before=network-pre.target network.target network-online.target multi-user.target
+Wants=network-pre.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/sbin/raymetal-lab-fabric
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+  chroot "$dir" systemctl enable raymetal-lab-fabric.service >/dev/null 2>&1
   rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
   : >"$dir/etc/machine-id"
 }
@@ -157,8 +186,9 @@ cmd_wheelhouse() {
     log "wheelhouse for ray $RAY_VERSION is cached in $wh"
   else
     log "downloading ray[default]==$RAY_VERSION and its dependencies into $wh"
-    mkdir -p "$wh"
-    "$PIP" download -q -d "$wh" "ray[default]==$RAY_VERSION" || die "pip download of ray failed"
+    # The same builder as playbooks/wheelhouse.yml (the nodes run this machine's Python release).
+    PYTHONPATH=$ROOT "$(dirname "$PIP")/python" -m raymetal.wheelhouse --dest "$wh" "ray[default]==$RAY_VERSION" >/dev/null \
+      || die "downloading ray[default]==$RAY_VERSION into $wh failed (see the message above)"
     touch "$wh/.complete-ray-$RAY_VERSION"
   fi
   local nccl=$LAB_CACHE/wheelhouse-nccl
@@ -197,6 +227,9 @@ start_node() {
     return
   fi
   docker rm -f "$name" >/dev/null 2>&1 || true
+  # A new node: its file listing is taken again once it has booted (wait_node).
+  rm -f "$LAB_STATE/$name.fresh-files"
+  touch "$LAB_STATE/$name.new"
   docker run -d --name "$name" --hostname "$name" \
     --label "io.raymetal.lab=$LAB_PREFIX" --label "io.raymetal.node=$node" \
     --cap-add SYS_ADMIN --cap-add NET_ADMIN \
@@ -206,8 +239,10 @@ start_node() {
     --network "$LAB_PREFIX-mgmt" --ip "$mgmt_ip" \
     "$LAB_IMAGE" /lib/systemd/systemd >/dev/null
   docker network connect --ip "$fabric_ip" "$LAB_PREFIX-fabric" "$name"
-  # The fabric NIC appears as eth1; real hosts call it ib0.
-  docker exec "$name" sh -c 'ip link set eth1 down && ip link set eth1 name ib0 && ip link set ib0 up'
+  # The fabric NIC appears as eth1; real hosts call it ib0. The image's
+  # raymetal-lab-fabric unit renames it now and at every later boot.
+  docker exec "$name" sh -c "mkdir -p /etc/raymetal-lab && echo $fabric_ip >/etc/raymetal-lab/fabric-address \
+    && /usr/local/sbin/raymetal-lab-fabric >/dev/null"
   log "node $name started (mgmt $mgmt_ip, ib0 $fabric_ip)"
 }
 
@@ -219,6 +254,12 @@ wait_node() {
     sleep 1
   done
   docker exec -i "$name" sh -c 'umask 077; mkdir -p /root/.ssh; cat > /root/.ssh/authorized_keys' <"$LAB_STATE/id_ed25519.pub"
+  # What a node holds before anything is deployed: the teardown test compares
+  # the node with it (tests/lab/test_lifecycle.py).
+  if [[ -f $LAB_STATE/$name.new ]]; then
+    docker exec "$name" sh -c "find $LAB_LISTED_DIRS -xdev 2>/dev/null | LC_ALL=C sort" >"$LAB_STATE/$name.fresh-files"
+    rm -f "$LAB_STATE/$name.new"
+  fi
   for ((i = 0; i < 60; i++)); do
     if ssh -q -i "$LAB_STATE/id_ed25519" -o BatchMode=yes -o StrictHostKeyChecking=no \
       -o UserKnownHostsFile=/dev/null -o ConnectTimeout=2 "root@$ip" true 2>/dev/null; then
@@ -286,8 +327,61 @@ cmd_up() {
   done < <(node_names)
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
   ((failed == 0)) || die "some nodes are not reachable over SSH"
+  cmd_mirror
   write_inventory
   log "lab is up: $((LAB_WORKERS + 1)) nodes, inventory in ${LAB_INVENTORY#"$ROOT"/}"
+}
+
+mirror_packages() { grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' "$LAB_MIRROR_PACKAGES_FILE" | sort -u; }
+
+# Download the listed packages and the dependencies the node image lacks,
+# index them as a flat repository (Packages at the top), once per package list
+# and image.
+build_mirror() {
+  local wanted stamp
+  wanted=$(mirror_packages)
+  stamp=$(printf '%s\n' "$LAB_IMAGE" $wanted | sha256sum | cut -c1-12)
+  [[ -f $LAB_MIRROR_DIR/.complete-$stamp ]] && return
+  command -v dpkg-scanpackages >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dpkg-dev >/dev/null
+  log "building the apt mirror in $LAB_MIRROR_DIR for: $(echo $wanted)"
+  local installed closure need
+  installed=$(docker run --rm "$LAB_IMAGE" dpkg-query -W -f '${Package}\n' | sort -u)
+  # shellcheck disable=SC2086  # one argument per package
+  closure=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
+    --no-replaces --no-enhances $wanted | grep -v -e '^ ' -e '^<' | sort -u)
+  need=$(comm -23 <(echo "$closure") <(echo "$installed"))
+  rm -rf "$LAB_MIRROR_DIR.tmp.$$"
+  mkdir -p "$LAB_MIRROR_DIR.tmp.$$"
+  # shellcheck disable=SC2086
+  (cd "$LAB_MIRROR_DIR.tmp.$$" && apt-get download -qq $need >/dev/null) \
+    || die "apt-get download failed for: $(echo $need) (is apt's package list current? try apt-get update)"
+  (cd "$LAB_MIRROR_DIR.tmp.$$" && dpkg-scanpackages -m . /dev/null 2>/dev/null >Packages && gzip -9kn Packages)
+  rm -rf "$LAB_MIRROR_DIR"
+  mv "$LAB_MIRROR_DIR.tmp.$$" "$LAB_MIRROR_DIR"
+  touch "$LAB_MIRROR_DIR/.complete-$stamp"
+  log "apt mirror ready: $(echo $need)"
+}
+
+cmd_mirror() {
+  ensure_docker
+  cmd_image
+  build_mirror
+  ensure_network "$LAB_PREFIX-mgmt" "$LAB_MGMT_SUBNET"
+  local name=$LAB_PREFIX-mirror ip
+  ip=$(net_base "$LAB_MGMT_SUBNET").5
+  if [[ $(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null || true) != true ]]; then
+    docker rm -f "$name" >/dev/null 2>&1 || true
+    docker run -d --name "$name" --label "io.raymetal.lab=$LAB_PREFIX" --label "io.raymetal.role=mirror" \
+      --network "$LAB_PREFIX-mgmt" --ip "$ip" -v "$LAB_MIRROR_DIR:/srv/mirror:ro" \
+      "$LAB_IMAGE" python3 -m http.server "$LAB_MIRROR_PORT" --bind "$ip" --directory /srv/mirror >/dev/null
+  fi
+  local i
+  for ((i = 0; i < 30; i++)); do
+    docker exec "$name" python3 -c "import urllib.request; urllib.request.urlopen('http://$ip:$LAB_MIRROR_PORT/Packages')" \
+      >/dev/null 2>&1 && { log "apt mirror served at http://$ip:$LAB_MIRROR_PORT/"; return; }
+    sleep 1
+  done
+  die "the apt mirror container $name does not answer on $ip:$LAB_MIRROR_PORT; see 'docker logs $name'"
 }
 
 cmd_down() {
@@ -328,6 +422,7 @@ case ${1:-} in
   status) cmd_status ;;
   image) cmd_image ;;
   wheelhouse) cmd_wheelhouse ;;
+  mirror) cmd_mirror ;;
   image-name) echo "$LAB_IMAGE" ;;
-  *) echo "usage: $0 deps|up|down|status|image|wheelhouse|image-name" >&2; exit 2 ;;
+  *) echo "usage: $0 deps|up|down|status|image|wheelhouse|mirror|image-name" >&2; exit 2 ;;
 esac

@@ -27,6 +27,7 @@ import ansible_runner
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SITE_PLAYBOOK = os.path.join(REPO, "site.yml")
 STATUS_PLAYBOOK = os.path.join(REPO, "playbooks", "status.yml")
+ACCEPTANCE_PLAYBOOK = os.path.join(REPO, "playbooks", "acceptance.yml")
 
 EventCallback = Callable[[Dict[str, Any]], None]
 
@@ -48,14 +49,25 @@ class RaymetalError(Exception):
             ``task``, ``msg`` and ``unreachable`` (bool).
         rc: exit status of ansible-playbook.
         status: ansible-runner's status (``failed``, ``timeout``, ...).
+        stats: the ``set_stats`` data published before the failure ({} when none).
     """
 
     def __init__(self, message: str, failures: Optional[List[Dict[str, Any]]] = None,
-                 rc: Optional[int] = None, status: Optional[str] = None):
+                 rc: Optional[int] = None, status: Optional[str] = None,
+                 stats: Optional[Dict[str, Any]] = None):
         super().__init__(message)
         self.failures = failures or []
         self.rc = rc
         self.status = status
+        self.stats = stats or {}
+
+
+class AcceptanceFailed(RaymetalError):
+    """playbooks/acceptance.yml judged at least one node FAIL; ``report`` holds the full report."""
+
+    def __init__(self, message: str, report: Dict[str, Any], **kwargs):
+        super().__init__(message, **kwargs)
+        self.report = report
 
 
 def _event_message(res: Dict[str, Any]) -> str:
@@ -177,7 +189,7 @@ def run_playbook(playbook: str, inventory: str, extravars: Optional[Dict[str, An
     if result.rc != 0 or result.status != "successful":
         failures = failures_from_events(seen)
         raise RaymetalError(_failure_message(playbook, failures, result.rc, stdout_tail),
-                            failures=failures, rc=result.rc, status=result.status)
+                            failures=failures, rc=result.rc, status=result.status, stats=stats_data(seen))
     return stats_data(seen)
 
 
@@ -195,6 +207,39 @@ def deploy(inventory: str, extravars: Optional[Dict[str, Any]] = None, limit: Op
     return _ray_cluster(run_playbook(SITE_PLAYBOOK, inventory, extravars, limit, on_event), SITE_PLAYBOOK)
 
 
-def status(inventory: str, on_event: Optional[EventCallback] = None) -> Dict[str, Any]:
-    """Run playbooks/status.yml (read-only) and return the ray_cluster fact."""
-    return _ray_cluster(run_playbook(STATUS_PLAYBOOK, inventory, on_event=on_event), STATUS_PLAYBOOK)
+def status(inventory: str, on_event: Optional[EventCallback] = None,
+           require_all_alive: bool = False) -> Dict[str, Any]:
+    """Run playbooks/status.yml (read-only) and return the ray_cluster fact.
+
+    By default a cluster with hosts down is still a report: look at its ``missing``
+    list (inventory hosts that are not an ALIVE Ray node). With
+    ``require_all_alive=True`` such a cluster raises :class:`RaymetalError` instead
+    (the playbook's exit status 2), naming the hosts.
+    """
+    extravars = None if require_all_alive else {"raymetal_status_report_only": True}
+    return _ray_cluster(run_playbook(STATUS_PLAYBOOK, inventory, extravars, on_event=on_event), STATUS_PLAYBOOK)
+
+
+def acceptance(inventory: str, extravars: Optional[Dict[str, Any]] = None, limit: Optional[str] = None,
+               on_event: Optional[EventCallback] = None) -> Dict[str, Any]:
+    """Run playbooks/acceptance.yml and return its report (see roles/acceptance/README.md).
+
+    The report has ``nodes`` ({host: {verdict, findings, figures, versions}}), ``drift``, ``summary``,
+    ``lines`` and ``report_path`` (the JSON file saved under the inventory). When a node fails, raises
+    :class:`AcceptanceFailed` whose ``report`` is the same dict; other failures raise RaymetalError.
+    """
+    try:
+        data = run_playbook(ACCEPTANCE_PLAYBOOK, inventory, extravars, limit, on_event)
+    except RaymetalError as err:
+        report = err.stats.get("acceptance")
+        if isinstance(report, dict) and report.get("failed"):
+            lines = [line for line in report.get("lines", []) if ": FAIL " in line]
+            raise AcceptanceFailed("acceptance failed on %d node(s):\n  %s" % (len(lines), "\n  ".join(lines)),
+                                   report, failures=err.failures, rc=err.rc, status=err.status,
+                                   stats=err.stats) from None
+        raise
+    report = data.get("acceptance")
+    if not isinstance(report, dict):
+        raise RaymetalError("%s succeeded but published no acceptance stats (set_stats); got keys: %s"
+                            % (_display(ACCEPTANCE_PLAYBOOK), sorted(data)))
+    return report

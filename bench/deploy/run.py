@@ -303,7 +303,7 @@ def floor(lab, label):
 
 def strategy_in_use():
     """What ansible.cfg's strategy runs on: Mitogen (and its version) or plain linear."""
-    strategy = os.environ.get("ANSIBLE_STRATEGY", "raymetal_linear (ansible.cfg)")
+    strategy = os.environ.get("ANSIBLE_STRATEGY", "linear (ansible.cfg)")
     if "raymetal_linear" not in strategy:
         return strategy
     try:
@@ -315,13 +315,14 @@ def strategy_in_use():
 
 
 def ansible_env(work):
-    # The repository's ansible.cfg as users run it (raymetal_linear strategy, profile_tasks,
-    # no persistent fact cache), with SSH control sockets of the bench's own: nothing stale
-    # from other labs.
+    # The repository's ansible.cfg as users run it (raymetal_linear strategy, no persistent
+    # fact cache), with profile_tasks switched on (opt-in since the default output stays
+    # machine-readable) and SSH control sockets of the bench's own: nothing stale from other labs.
     cp_dir = os.path.join(work, "cp")
     os.makedirs(cp_dir, exist_ok=True)
     return dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
                 ANSIBLE_SSH_CONTROL_PATH_DIR=cp_dir, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
+                ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks",
                 PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
 
 

@@ -103,7 +103,8 @@ def test_units_run_as_ray_with_the_limits_rdma_needs(cluster, lab):
         owner = labkit.sh(name, "ps -o user= -C raylet | sort -u").stdout.split()
         assert owner == ["ray"], (name, owner)
         env = labkit.sh(name, "cat /etc/ray/ray.env").stdout
-        for line in ("RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN_PATH=/etc/ray/auth_token", "NCCL_SOCKET_IFNAME==ib0",
+        assert "NCCL_SOCKET_IFNAME" not in env, (name, env)  # the nccl role owns it, in /etc/nccl.conf
+        for line in ("RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN_PATH=/etc/ray/auth_token",
                      "GLOO_SOCKET_IFNAME=ib0", "RAY_USAGE_STATS_ENABLED=0"):
             assert line in env.splitlines(), (name, line, env)
         stat = labkit.sh(name, "stat -c '%a %U' /etc/ray/auth_token").stdout.split()

@@ -1,0 +1,125 @@
+"""playbooks/acceptance.yml on the deployed lab: verdicts, report, iperf3 ring, drift, no changes.
+
+The lab has no GPU and no RDMA: the node checks find neither (and say so), the iperf3 ring runs
+for real over ib0 (iperf3 installed from the lab's apt mirror), and drift is made real by
+installing two versions of a tiny package built on the nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from raymetal.runner import AcceptanceFailed, acceptance
+from tests.lab import labkit
+
+PLAYBOOK = "playbooks/acceptance.yml"
+PROBE = "raymetal-drift-probe"
+
+
+def ray_unit(name: str) -> str:
+    return "ray-head" if name.endswith("-head") else "ray-worker"
+
+
+def ray_pids(lab) -> dict[str, str]:
+    """MainPID and start time of each node's Ray unit (a restart changes both)."""
+    pids = {}
+    for name in lab:
+        out = labkit.sh(name, "systemctl show -p MainPID -p ActiveEnterTimestampMonotonic %s" % ray_unit(name)).stdout
+        pids[name] = out.strip()
+        assert "MainPID=0" not in out, (name, out)
+    return pids
+
+
+def verdict_lines(output: str) -> dict[str, str]:
+    """host -> the verdict line ansible printed."""
+    lines = {}
+    for match in re.finditer(r"^\s+- '?(%s-[a-z0-9]+): (PASS|WARN|FAIL)(.*?)'?$" % re.escape(labkit.LAB_PREFIX),
+                             output, re.M):
+        lines[match.group(1)] = "%s %s" % (match.group(2), match.group(3).strip())
+    return lines
+
+
+def test_healthy_lab_passes_with_a_json_report_and_iperf3_figures(cluster, lab):
+    report = acceptance(str(labkit.LAB_INVENTORY))
+    assert report["failed"] is False, report["lines"]
+    assert report["summary"]["FAIL"] == 0 and report["summary"]["PASS"] == len(lab), report["lines"]
+    for name in lab:
+        node = report["nodes"][name]
+        assert node["verdict"] == "PASS", report["lines"]
+        assert node["versions"]["ray"] == "2.60.0" and node["versions"]["nccl"] == "2.32.3"
+        assert node["versions"]["rdma-core"], node["versions"]
+        assert "no RDMA ports, no GPUs" in node["figures"]
+    # The rings: every node sent once and received once, over the fabric, with iperf3 and through Ray.
+    for kind in ("iperf3", "ray_object"):
+        traffic = [t for t in report["traffic"] if t["kind"] == kind]
+        assert sorted(t["src"] for t in traffic) == sorted(lab) and sorted(t["dst"] for t in traffic) == sorted(lab)
+    for item in report["traffic"]:
+        assert item["error"] is None, item
+        figures = report["nodes"][item["src"]]["figures"]
+        if item["kind"] == "iperf3":
+            assert item["gbps"] > 0.2, item
+            assert re.search(r"iperf3 to %s [0-9.]+ Gb/s" % re.escape(item["dst"]), figures)
+        else:
+            assert item["bytes"] == 64 * 2**20 and item["mb_per_s"] > 0 and item["ratio"] > 0, item
+            assert re.search(r"Ray object to %s [0-9.]+ MB/s \(TCP [0-9.]+ MB/s, ratio [0-9.]+\)" % re.escape(item["dst"]),
+                             figures)
+    saved = Path(report["report_path"])
+    assert saved.parent == labkit.LAB_INVENTORY / "acceptance"
+    assert json.loads(saved.read_text())["nodes"].keys() == report["nodes"].keys()
+
+
+def test_acceptance_changes_nothing_on_the_nodes(cluster, lab):
+    rc, out = labkit.run_playbook(PLAYBOOK, labkit.LAB_INVENTORY)  # may install iperf3 the first time
+    assert rc == 0, out[-3000:]
+    before = ray_pids(lab)
+    rc, out = labkit.run_playbook(PLAYBOOK, labkit.LAB_INVENTORY)
+    assert rc == 0, out[-3000:]
+    recap = labkit.recap(out)
+    for name in lab:
+        assert recap[name]["changed"] == 0, (name, recap[name])
+        assert recap[name]["failed"] == 0
+    assert ray_pids(lab) == before
+    lines = verdict_lines(out)
+    assert set(lines) == set(lab), out[-3000:]
+    assert all(line.startswith("PASS ") for line in lines.values()), lines
+
+
+@pytest.fixture
+def drift_probe(lab):
+    """A tiny package, version 1.0 on every node but the last worker, which gets 2.0; removed afterwards."""
+    odd = sorted(lab)[-1]
+    build = textwrap.dedent("""
+        set -e
+        d=$(mktemp -d); mkdir -p $d/DEBIAN
+        printf 'Package: %s\\nVersion: %%s\\nArchitecture: all\\nMaintainer: raymetal tests\\nDescription: drift probe\\n' > $d/DEBIAN/control
+        dpkg-deb -b $d /tmp/probe.deb >/dev/null && dpkg -i /tmp/probe.deb >/dev/null && rm -rf $d /tmp/probe.deb
+    """) % PROBE
+    for name in lab:
+        labkit.sh(name, build % ("2.0" if name == odd else "1.0"))
+    yield odd
+    for name in lab:
+        labkit.sh(name, "dpkg -r %s >/dev/null" % PROBE, check=False)
+
+
+def test_drift_is_named_and_fails_when_configured(cluster, lab, drift_probe):
+    others = ", ".join(sorted(n for n in lab if n != drift_probe))
+    packages = json.dumps({"acceptance_packages": ["rdma-core", PROBE]})
+    rc, out = labkit.run_playbook(PLAYBOOK, labkit.LAB_INVENTORY, "-e", packages)
+    assert rc == 0, out[-3000:]
+    lines = verdict_lines(out)
+    assert lines[drift_probe] == "WARN %s 2.0, others 1.0 (%s)" % (PROBE, others)
+    assert all(lines[n].startswith("PASS ") for n in lab if n != drift_probe), lines
+
+    strict = json.dumps({"acceptance_packages": ["rdma-core", PROBE], "acceptance_drift_fail": [PROBE, "ray"]})
+    with pytest.raises(AcceptanceFailed) as err:
+        acceptance(str(labkit.LAB_INVENTORY), extravars=json.loads(strict))
+    report = err.value.report
+    assert report["nodes"][drift_probe]["verdict"] == "FAIL"
+    assert report["drift"] == [{"key": PROBE, "host": drift_probe, "value": "2.0", "expected": "1.0",
+                                "against": "majority"}]
+    assert "%s: FAIL %s 2.0, others 1.0" % (drift_probe, PROBE) in str(err.value)

@@ -1,0 +1,95 @@
+"""raymetal as a collection: build it, install it into an empty project, use it by FQCN on the lab.
+
+The empty project has only an ansible.cfg (collections_path, SSH settings) and
+a playbook; the roles, modules and module_utils come from the installed
+collection alone. The role's own tasks call fabric_facts by its short name:
+that it resolves (and imports its module_utils through
+ansible_collections.raymetal.cluster) is part of what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+
+from tests.lab import labkit
+
+PLAYBOOK = """\
+- name: Use raymetal.cluster by FQCN from an empty project
+  hosts: ray_cluster
+  gather_facts: false
+  become: true
+  tasks:
+    - name: Detect the fabric with the collection's module
+      raymetal.cluster.fabric_facts:
+        interface: "{{ fabric_interface }}"
+        require_rdma: false
+      register: detected
+
+    - name: Report what the module found
+      ansible.builtin.debug:
+        msg: "FABRIC {{ inventory_hostname }} {{ detected.ansible_facts.fabric.interface }} {{ detected.ansible_facts.fabric.address }}"
+
+    - name: Run the collection's fabric role (its read-only preflight entry point)
+      ansible.builtin.include_role:
+        name: raymetal.cluster.fabric
+        tasks_from: preflight.yml
+"""
+
+
+def _run(cmd, cwd, env=None, timeout=600):
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, "%s exited %d:\n%s" % (" ".join(map(str, cmd)), proc.returncode, out[-4000:])
+    return out
+
+
+def test_collection_builds_installs_and_runs_by_fqcn(lab, tmp_path):
+    bin_dir = labkit.VENV_BIN
+    dist = tmp_path / "dist"
+    _run([bin_dir / "ansible-galaxy", "collection", "build", "--output-path", dist, labkit.ROOT], cwd=tmp_path)
+    (tarball,) = dist.glob("raymetal-cluster-*.tar.gz")
+
+    project = tmp_path / "project"
+    project.mkdir()
+    _run([bin_dir / "ansible-galaxy", "collection", "install", "--no-deps", "-p", project / "collections",
+          tarball], cwd=project)
+    installed = project / "collections" / "ansible_collections" / "raymetal" / "cluster"
+    assert (installed / "plugins" / "module_utils" / "raymetal_sysfs.py").is_file()
+    assert not (installed / "tests").exists() and not (installed / ".venv").exists()
+
+    (project / "ansible.cfg").write_text(textwrap.dedent("""\
+        [defaults]
+        collections_path = collections
+        host_key_checking = False
+        interpreter_python = auto_silent
+        timeout = 30
+        """))
+    (project / "use.yml").write_text(PLAYBOOK)
+    env = labkit.ansible_env()
+    env["ANSIBLE_CONFIG"] = str(project / "ansible.cfg")
+    env["ANSIBLE_STDOUT_CALLBACK"] = "ansible.builtin.json"
+    env.pop("ANSIBLE_LIBRARY", None)
+    env.pop("ANSIBLE_ROLES_PATH", None)
+    out = _run([bin_dir / "ansible-playbook", "-i", labkit.LAB_INVENTORY, "use.yml", "--check"],
+               cwd=project, env=env)
+    result = json.loads(out[out.index("{"):])
+
+    stats = result["stats"]
+    assert set(stats) == set(lab), stats
+    for host, counts in stats.items():
+        assert counts["failures"] == 0 and counts["unreachable"] == 0, (host, counts)
+        assert counts["changed"] == 0, (host, counts)
+
+    tasks = {t["task"]["name"]: t["hosts"] for play in result["plays"] for t in play["tasks"]}
+    detected = tasks["Detect the fabric with the collection's module"]
+    for host, hvars in lab.items():
+        fabric = detected[host]["ansible_facts"]["fabric"]
+        assert fabric["interface"] == "ib0", (host, fabric)
+        assert fabric["address"] == hvars["lab_fabric_ip"], (host, fabric)
+    # The role ran from the collection, and its short-name module call resolved there.
+    role_tasks = [name for name in tasks if name.endswith("Detect the fabric interface")]
+    assert role_tasks, sorted(tasks)
+    for host in lab:
+        assert tasks[role_tasks[0]][host].get("failed") is not True

@@ -1,0 +1,183 @@
+"""Lifecycle playbooks on the lab: stop then start, a refused upgrade, teardown then redeploy.
+
+The tests share the session's deployed lab (the `cluster` fixture) and leave it
+deployed. They run in file order: the last one tears the cluster down and
+deploys it again on the same hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.lab import labkit
+
+PREFIX = labkit.LAB_PREFIX
+HEAD = f"{PREFIX}-head"
+REBOOTED = f"{PREFIX}-worker2"
+# What lab/lab.sh records on each new node before anything is deployed.
+LAB_STATE = Path(os.environ.get("LAB_STATE", labkit.ROOT / "lab" / ".state"))
+LISTED_DIRS = "/etc /opt /var/cache /var/lib /usr/local"
+# Files that systemd and the OS change on a running node by themselves.
+OS_NOISE = (
+    "/var/lib/systemd/",
+    "/var/lib/private/",
+    "/var/cache/private/",
+    "/etc/.pwd.lock",
+)
+MISSING_VERSION = "2.99.0"
+
+
+def unit_of(lab, name):
+    return "ray-head" if lab[name]["group"] == "ray_head" else "ray-worker"
+
+
+def unit_state(lab, name, *props):
+    out = labkit.sh(name, f"systemctl show {unit_of(lab, name)} " + " ".join(f"-p {p}" for p in props)).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def running_ray(lab):
+    """Per node: the unit's InvocationID and main PID, and the raylet's PID."""
+    return {
+        name: (
+            unit_state(lab, name, "InvocationID", "MainPID"),
+            labkit.sh(name, "pgrep -x raylet || true").stdout.split(),
+        )
+        for name in lab
+    }
+
+
+def alive_ips(lab):
+    """Fabric IPs of the ALIVE nodes, read from the head's API over the fabric."""
+    ip = lab[HEAD]["lab_fabric_ip"]
+    proc = labkit.sh(
+        HEAD,
+        f"curl -s -m 10 -H \"Authorization: Bearer $(cat /etc/ray/auth_token)\" "
+        f"http://{ip}:8265/api/v0/nodes?detail=true",
+        check=False,
+    )
+    try:
+        nodes = json.loads(proc.stdout)["data"]["result"]["result"]
+    except (ValueError, KeyError, TypeError):
+        return set()
+    return {n["node_ip"] for n in nodes if n["state"] == "ALIVE"}
+
+
+def listing(name):
+    out = labkit.sh(name, f"find {LISTED_DIRS} -xdev 2>/dev/null | LC_ALL=C sort", check=False).stdout
+    return set(out.splitlines())
+
+
+def noise(path):
+    return path.startswith(OS_NOISE)
+
+
+def wait_booted(name):
+    labkit.wait_until(
+        lambda: labkit.sh(name, "systemctl is-system-running", check=False).stdout.strip() in ("running", "degraded"),
+        120,
+        interval=1,
+        what=f"{name} booted",
+    )
+
+
+def rename_fabric_nic(name, fabric_ip):
+    """After a container restart the fabric NIC is eth1 again; name it ib0 as `lab up` does."""
+    labkit.sh(
+        name,
+        f"ip link show ib0 >/dev/null 2>&1 || {{ nic=$(ip -4 -o addr | awk '$4 ~ /^{fabric_ip}\\// {{print $2}}'); "
+        "ip link set $nic down && ip link set $nic name ib0 && ip link set ib0 up; }",
+    )
+
+
+def test_upgrade_to_a_version_missing_from_the_wheelhouse_leaves_the_cluster_running(cluster, lab):
+    before = running_ray(lab)
+    files_before = {n: labkit.sh(n, "md5sum /etc/ray/ray.env /etc/systemd/system/ray-*.service").stdout for n in lab}
+    rc, out = labkit.run_playbook(
+        "playbooks/upgrade.yml", labkit.LAB_INVENTORY, "-e", f"ray_version={MISSING_VERSION}", "-e", "upgrade_confirm=yes"
+    )
+    assert rc != 0, out
+    assert "Traceback" not in out, out
+    assert "No matching distribution" not in out, out
+    # One message names the variable, the version and the wheelhouse (read across the callback's line breaks).
+    assert f"ray_version={MISSING_VERSION} is not in the wheelhouse" in " ".join(out.split()), out
+    # Nothing stopped, nothing restarted, nothing rewritten.
+    assert running_ray(lab) == before
+    assert alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
+    for name in lab:
+        assert labkit.sh(name, "md5sum /etc/ray/ray.env /etc/systemd/system/ray-*.service").stdout == files_before[name]
+        assert unit_state(lab, name, "ActiveState")["ActiveState"] == "active", name
+
+
+def test_stop_keeps_the_cluster_down_across_a_reboot_and_site_starts_it_again(cluster, lab):
+    rc, out = labkit.run_playbook("playbooks/stop.yml", labkit.LAB_INVENTORY)
+    assert rc == 0, out
+    assert "ray stop" not in out
+    for name in lab:
+        state = unit_state(lab, name, "ActiveState", "UnitFileState")
+        assert state == {"ActiveState": "inactive", "UnitFileState": "disabled"}, (name, state)
+        assert labkit.sh(name, "pgrep -x raylet || true").stdout.strip() == "", name
+
+    # The lab's stand-in for a reboot. The unit must not even have been started
+    # (an empty InvocationID: no run since boot).
+    subprocess.run(["docker", "restart", "-t", "5", REBOOTED], check=True, capture_output=True, timeout=120)
+    wait_booted(REBOOTED)
+    time.sleep(3)
+    state = unit_state(lab, REBOOTED, "ActiveState", "InvocationID", "UnitFileState")
+    assert state["ActiveState"] == "inactive" and state["InvocationID"] == "", state
+    assert labkit.sh(REBOOTED, "pgrep -x raylet || true").stdout.strip() == ""
+    rename_fabric_nic(REBOOTED, lab[REBOOTED]["lab_fabric_ip"])
+
+    started = time.monotonic()
+    rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    seconds = time.monotonic() - started
+    print(f"\nstop.yml then site.yml: every node back in {seconds:.1f} s")
+    assert rc == 0, out
+    assert alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
+    for name in lab:
+        state = unit_state(lab, name, "ActiveState", "UnitFileState")
+        assert state == {"ActiveState": "active", "UnitFileState": "enabled"}, (name, state)
+
+
+def test_teardown_leaves_the_nodes_as_before_the_first_deploy_and_a_redeploy_works(cluster, lab):
+    fresh = {}
+    for name in lab:
+        path = LAB_STATE / f"{name}.fresh-files"
+        if not path.exists():
+            pytest.fail(f"{path} is missing: lab/lab.sh records it when it creates a node; run `make lab-down lab-up`")
+        fresh[name] = set(path.read_text().splitlines())
+
+    rc, out = labkit.run_playbook(
+        "playbooks/teardown.yml", labkit.LAB_INVENTORY, "-e", "teardown_confirm=yes", "-e", "teardown_firewall=true"
+    )
+    assert rc == 0, out
+    left, lost = {}, {}
+    for name in lab:
+        now = listing(name)
+        left[name] = sorted(p for p in now - fresh[name] if not noise(p))
+        lost[name] = sorted(p for p in fresh[name] - now if not noise(p))
+        print(f"\n{name}: {len(left[name])} paths left by raymetal after teardown, {len(lost[name])} removed that were there before")
+        for path in left[name]:
+            print(f"  left: {path}")
+        for path in lost[name]:
+            print(f"  lost: {path}")
+    assert left == {name: [] for name in lab}
+    assert lost == {name: [] for name in lab}
+    for name in lab:
+        assert labkit.sh(name, "getent passwd ray; getent group ray", check=False).stdout == "", name
+        assert labkit.sh(name, "pgrep -x raylet || true").stdout.strip() == "", name
+        tables = labkit.sh(name, "nft list tables").stdout
+        assert "raymetal" not in tables, (name, tables)
+
+    # Deploy again on the same hosts: the cluster comes back whole.
+    started = time.monotonic()
+    rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    print(f"\nredeploy after teardown: {time.monotonic() - started:.1f} s")
+    assert rc == 0, out
+    assert alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
