@@ -12,7 +12,11 @@ platforms the nodes' glibc accepts (or the ``--platform`` tags given).
 
 Cached and idempotent: pip first tries to satisfy every requirement from DIR
 alone (``--no-index``); when it can, nothing is downloaded and DIR is left as it
-is. Prints one JSON object: ``changed``, ``dest``, ``added`` (new files),
+is. When pip must go to the index, what DIR already holds is kept: each
+distribution present in exactly one version is given to pip as a constraint, so
+adding a package fetches that package and what it alone needs, not newer
+releases of everything Ray depends on (without the constraints only when they
+conflict with the new requirements). Prints one JSON object: ``changed``, ``dest``, ``added`` (new files),
 ``mode`` (``native`` or ``cross``) and ``pip_args``. Exits 1 with a readable
 message (pip's own error included) when a requirement cannot be found. Used by
 ``playbooks/wheelhouse.yml`` (the ray role's ``wheelhouse`` entry point) and by
@@ -28,6 +32,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 from typing import Dict, List, Optional, Sequence
 
 # The oldest manylinux the wheels we need use (manylinux2014 == manylinux_2_17).
@@ -91,6 +96,24 @@ def _files(dest: str) -> List[str]:
     return sorted(f for f in os.listdir(dest) if not f.startswith("."))
 
 
+def held_versions(files: Sequence[str]) -> Dict[str, str]:
+    """{normalized name: version} of the distributions present in exactly one version."""
+    seen: Dict[str, set] = {}
+    for name in files:
+        if name.endswith(".whl"):
+            parts = name[:-4].split("-")
+            if len(parts) < 5:
+                continue
+            dist, version = parts[0], parts[1]
+        else:
+            match = re.match(r"^(.+)-([0-9][^-]*)\.(tar\.gz|zip)$", name)
+            if not match:
+                continue
+            dist, version = match.group(1), match.group(2)
+        seen.setdefault(re.sub(r"[-_.]+", "-", dist).lower(), set()).add(version)
+    return {dist: versions.pop() for dist, versions in seen.items() if len(versions) == 1}
+
+
 def _pip_error(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     wanted = [line for line in lines if line.startswith("ERROR")]
@@ -113,7 +136,18 @@ def build(dest: str, requirements: Sequence[str], target: Sequence[str], index_u
         return report
     before = set(_files(dest))
     index = ["--index-url", index_url] if index_url else []
-    online = run(pip + index + list(target) + list(requirements), capture_output=True, text=True, env=env)
+    online = None
+    held = held_versions(sorted(before))
+    if held:
+        with tempfile.NamedTemporaryFile("w", prefix="wheelhouse-held-", suffix=".txt", delete=False) as handle:
+            handle.write("".join("%s==%s\n" % item for item in sorted(held.items())))
+        try:
+            online = run(pip + index + ["--constraint", handle.name] + list(target) + list(requirements),
+                         capture_output=True, text=True, env=env)
+        finally:
+            os.unlink(handle.name)
+    if online is None or online.returncode != 0:
+        online = run(pip + index + list(target) + list(requirements), capture_output=True, text=True, env=env)
     if online.returncode != 0:
         raise WheelhouseError(
             "pip download into %s failed for %s: %s. Check each name and pinned version on the index; for "

@@ -1,8 +1,8 @@
 """lab/lab.sh on its own, with a prefix and networks of its own.
 
-`up` twice keeps the same containers (the second one only checks); `down`
-removes every container, network, key and inventory it made, and keeps the
-cached image.
+`up` twice keeps the same containers (the nodes and the apt mirror; the second
+one only checks); `down` removes every container, network, key and inventory it
+made, and keeps the cached image.
 """
 
 from __future__ import annotations
@@ -25,6 +25,12 @@ def lab_sh(cmd, tmp_path):
                           capture_output=True, text=True, timeout=600)
 
 
+def container_names():
+    out = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}", "--filter", f"label=io.raymetal.lab={PREFIX}"],
+                         capture_output=True, text=True, check=True).stdout
+    return sorted(out.split())
+
+
 def docker_ids(kind):
     args = ["docker", kind, "ls", "-q"] if kind == "network" else ["docker", "ps", "-aq"]
     out = subprocess.run(args + ["--filter", f"label=io.raymetal.lab={PREFIX}"],
@@ -37,7 +43,8 @@ def test_up_is_idempotent_and_down_leaves_nothing(tmp_path):
         first = lab_sh("up", tmp_path)
         assert first.returncode == 0, first.stderr
         containers, networks = docker_ids("container"), docker_ids("network")
-        assert len(containers) == 2 and len(networks) == 2
+        assert container_names() == [f"{PREFIX}-head", f"{PREFIX}-mirror", f"{PREFIX}-worker1"]
+        assert len(networks) == 2
         inventory = (tmp_path / "hosts.yml").read_text()
         assert f"{PREFIX}-head" in inventory and f"{PREFIX}-worker1" in inventory
         ib0 = labkit.sh(f"{PREFIX}-worker1", "ip -4 -o addr show ib0").stdout

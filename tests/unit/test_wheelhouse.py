@@ -8,6 +8,7 @@ tests/lab/test_workstation_job.py.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -91,6 +92,46 @@ def test_build_downloads_once_then_is_idempotent(tmp_path):
     again = wh.build(dest, ["ray==2.60.0", "numpy==2.4.6"], [], run=pip)
     assert again["changed"] is False and again["added"] == []
     assert len(pip.calls) == 3  # the rerun only asked the wheelhouse itself
+
+
+def test_held_versions_names_each_distribution_present_in_one_version():
+    files = ["ray-2.60.0-cp311-cp311-manylinux2014_x86_64.whl", "filelock-4.2.11-py3-none-any.whl",
+             "PyYAML-6.0.3.tar.gz", "typing_extensions-4.15.0-py3-none-any.whl",
+             "idna-3.10-py3-none-any.whl", "idna-3.11-py3-none-any.whl", "README"]
+    assert wh.held_versions(files) == {"ray": "2.60.0", "filelock": "4.2.11", "pyyaml": "6.0.3",
+                                       "typing-extensions": "4.15.0"}
+
+
+class ConstrainedPip(FakePip):
+    """FakePip that records the constraints it was given and may refuse them."""
+
+    def __init__(self, index, refuse_constraints=False):
+        super().__init__(index)
+        self.constraints = []
+        self.refuse = refuse_constraints
+
+    def __call__(self, cmd, **kwargs):
+        if "--constraint" in cmd:
+            self.constraints.append(Path(cmd[cmd.index("--constraint") + 1]).read_text().split())
+            if self.refuse:
+                self.calls.append(cmd)
+                return subprocess.CompletedProcess(cmd, 1, "", "ERROR: ResolutionImpossible\n")
+        return super().__call__(cmd, **kwargs)
+
+
+@pytest.mark.parametrize("refuse", [False, True], ids=["kept", "conflict"])
+def test_adding_a_package_keeps_the_versions_the_wheelhouse_holds(tmp_path, refuse):
+    dest = tmp_path / "wh"
+    dest.mkdir()
+    for name in ("ray-2.60.0-cp311-cp311-manylinux2014_x86_64.whl", "filelock-4.2.11-py3-none-any.whl"):
+        (dest / name).write_text("wheel")
+    pip = ConstrainedPip({"numpy==2.4.6": "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl"}, refuse)
+    report = wh.build(str(dest), ["numpy==2.4.6"], [], run=pip)
+    assert pip.constraints == [["filelock==4.2.11", "ray==2.60.0"]]
+    assert report["added"] == ["numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl"]
+    # Constraints that pip cannot honour fall back to a plain download.
+    assert len(pip.calls) == (3 if refuse else 2)
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("wheelhouse-held-")]
 
 
 def test_build_names_the_package_pip_cannot_find(tmp_path):
