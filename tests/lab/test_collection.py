@@ -10,6 +10,7 @@ ansible_collections.raymetal.cluster) is part of what is tested.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import textwrap
 
@@ -60,8 +61,11 @@ def test_collection_builds_installs_and_runs_by_fqcn(lab, tmp_path):
 
     project = tmp_path / "project"
     project.mkdir()
+    # Only the project's own collections path counts: molecule and ansible-lint put a copy of this
+    # collection under ~/.ansible/collections, which would make the install a no-op.
+    install_env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(project / "collections"))
     _run([bin_dir / "ansible-galaxy", "collection", "install", "--no-deps", "-p", project / "collections",
-          tarball], cwd=project)
+          tarball], cwd=project, env=install_env)
     installed = project / "collections" / "ansible_collections" / "raymetal" / "cluster"
     assert (installed / "plugins" / "module_utils" / "raymetal_sysfs.py").is_file()
     assert not (installed / "tests").exists() and not (installed / ".venv").exists()
@@ -72,7 +76,7 @@ def test_collection_builds_installs_and_runs_by_fqcn(lab, tmp_path):
         host_key_checking = False
         interpreter_python = auto_silent
         timeout = 30
-        """))
+        """) + readme_inventory_section())
     (project / "use.yml").write_text(PLAYBOOK)
     env = labkit.ansible_env()
     env["ANSIBLE_CONFIG"] = str(project / "ansible.cfg")

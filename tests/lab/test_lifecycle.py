@@ -89,11 +89,19 @@ def noise(path):
 
 
 def package_owned(name, paths):
-    """The paths that belong to an installed distribution package (dpkg -S)."""
+    """The paths that belong to an installed distribution package: its own files (dpkg -S) and those
+    its maintainer scripts write (named in its postinst or debconf script, such as /etc/default/iperf3)."""
     if not paths:
         return set()
-    out = labkit.sh(name, "dpkg -S " + " ".join(f"'{p}'" for p in paths) + " 2>/dev/null", check=False).stdout
-    return {line.split(": ", 1)[1] for line in out.splitlines() if ": " in line} & set(paths)
+    quoted = " ".join(f"'{p}'" for p in paths)
+    out = labkit.sh(name, f"dpkg -S {quoted} 2>/dev/null", check=False).stdout
+    owned = {line.split(": ", 1)[1] for line in out.splitlines() if ": " in line} & set(paths)
+    for path in set(paths) - owned:
+        scripts = labkit.sh(name, f"grep -l -F -e '{path}' /var/lib/dpkg/info/*.postinst /var/lib/dpkg/info/*.config",
+                            check=False).stdout
+        if scripts.strip():
+            owned.add(path)
+    return owned
 
 
 def wait_booted(name):
