@@ -186,7 +186,7 @@ def firewall_port_plan(ports, node_role="worker"):
     return plan
 
 
-def firewall_rule_plan(ports, node_role, interface, cluster, admin=None, prometheus=None):
+def firewall_rule_plan(ports, node_role, interface, cluster, admin=None, prometheus=None, metrics_only=False):
     """Return the ordered rule list for rule-based backends (ufw, firewalld).
 
     cluster/admin/prometheus are the dicts firewall_split_sources returns.
@@ -194,6 +194,8 @@ def firewall_rule_plan(ports, node_role, interface, cluster, admin=None, prometh
     (allow/deny), proto, port (ufw spec), port_range (firewalld spec),
     source ('any' or an address), family (4, 6 or 0 for both), interface
     ('' for any). Allows come first, then one deny per port.
+    metrics_only: ports flagged metrics are not opened to the cluster, only
+    to ``prometheus`` (a monitoring host scrapes them).
     """
     admin = admin or {"v4": [], "v6": []}
     prometheus = prometheus or {"v4": [], "v6": []}
@@ -201,7 +203,8 @@ def firewall_rule_plan(ports, node_role, interface, cluster, admin=None, prometh
     allows, denies = [], []
     for port in firewall_port_plan(ports, node_role):
         base = "raymetal:%s:%s/%s" % (port["name"], port["nft"], port["proto"])
-        groups = [] if port["scope"] == "closed" else [(iface, cluster)]
+        closed = port["scope"] == "closed" or (metrics_only and port["metrics"])
+        groups = [] if closed else [(iface, cluster)]
         if port["admin"]:
             groups.append(("", admin))
         if port["metrics"]:
