@@ -19,7 +19,7 @@ MOLECULE_SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard mol
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
-deps: ## Install the OS packages the controller needs (docker.io, debootstrap, rsync, ssh)
+deps: ## Install the OS packages the controller needs (docker.io, debootstrap, rsync, ssh; promtool)
 	@bash $(LAB) deps
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt

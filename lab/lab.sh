@@ -7,6 +7,7 @@
 #   lab/lab.sh image    build the node image only (cached)
 #   lab/lab.sh wheelhouse  build the offline wheelhouse only (cached)
 #   lab/lab.sh mirror   build (once) and serve the lab's Debian package mirror
+#   lab/lab.sh promtool-path  where `make deps` put promtool (for the unit tests)
 #
 # Every node boots systemd as PID 1 and runs sshd; Ansible reaches it over the
 # management network. A second network is renamed to `ib0` inside each node and
@@ -85,7 +86,28 @@ cmd_deps() {
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
+  ensure_promtool
   ensure_docker
+}
+
+# promtool (the unit tests check the monitoring role's rules and configuration
+# with it) from Debian's prometheus package, unpacked into the cache: installing
+# the package would also start a Prometheus server on this machine.
+PROMTOOL=${PROMTOOL:-$LAB_CACHE/bin/promtool}
+ensure_promtool() {
+  command -v promtool >/dev/null 2>&1 && return
+  [[ -x $PROMTOOL ]] && return
+  log "unpacking promtool from Debian's prometheus package into ${PROMTOOL%/*}"
+  local work
+  work=$(mktemp -d /tmp/raymetal-promtool.XXXXXX)
+  # shellcheck disable=SC2064
+  trap "rm -rf '$work'" RETURN
+  (cd "$work" && apt-get download -qq prometheus >/dev/null 2>&1) || {
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    (cd "$work" && apt-get download -qq prometheus >/dev/null 2>&1)
+  } || die "apt-get download prometheus failed (promtool comes from it)"
+  dpkg-deb -x "$work"/prometheus_*.deb "$work/root"
+  install -D -m 0755 "$work/root/usr/bin/promtool" "$PROMTOOL"
 }
 
 ensure_docker() {
@@ -417,6 +439,7 @@ cmd_status() {
 
 case ${1:-} in
   deps) cmd_deps ;;
+  promtool-path) command -v promtool 2>/dev/null || echo "$PROMTOOL" ;;
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
@@ -424,5 +447,5 @@ case ${1:-} in
   wheelhouse) cmd_wheelhouse ;;
   mirror) cmd_mirror ;;
   image-name) echo "$LAB_IMAGE" ;;
-  *) echo "usage: $0 deps|up|down|status|image|wheelhouse|mirror|image-name" >&2; exit 2 ;;
+  *) echo "usage: $0 deps|promtool-path|up|down|status|image|wheelhouse|mirror|image-name" >&2; exit 2 ;;
 esac

@@ -29,6 +29,7 @@ TOPICS = [
     ("nccl.yml", "NCCL (the only owner of NCCL's settings: /etc/nccl.conf)", lambda role, name: role == "nccl"),
     ("firewall.yml", "Firewall", lambda role, name: role == "firewall"),
     ("acceptance.yml", "Acceptance (playbooks/acceptance.yml)", lambda role, name: role == "acceptance"),
+    ("monitoring.yml", "Monitoring: Prometheus, node_exporter, alert rules", lambda role, name: role == "monitoring"),
 ]
 
 

@@ -1,0 +1,125 @@
+"""raymetal filters for the monitoring role: Prometheus scrape targets from the inventory."""
+
+from __future__ import annotations
+
+import os
+
+# Prometheus job of each Ray metrics port the ray role publishes in ray_ports
+# (entries flagged metrics: true); any other flagged port gets "ray_<name>".
+RAY_JOBS = {
+    "metrics_export": "ray_node",
+    "autoscaler_metrics": "ray_autoscaler",
+    "dashboard_metrics": "ray_dashboard",
+}
+NODE_EXPORTER_JOB = "node"
+
+
+def _address(host, addresses):
+    address = str((addresses or {}).get(host) or "")
+    if not address:
+        raise ValueError("no fabric address known for %s (ray_node_ip, ray_node_ip_address or fabric facts)" % host)
+    return address
+
+
+def _target(address, port):
+    return "[%s]:%d" % (address, port) if ":" in address else "%s:%d" % (address, port)
+
+
+def monitoring_scrape_targets(hosts, hostvars, addresses, head_hosts, node_exporter_port):
+    """Return {job: [file_sd entry, ...]}, one entry per host and port, sorted by job and host.
+
+    hosts: the cluster's inventory names; hostvars: Ansible's hostvars (each
+    host's ray_ports, as the ray role publishes it); addresses: {host: fabric
+    IP} (the ray_fabric_ips filter); head_hosts: hosts whose head-scope ports
+    are scraped. Each entry is {'targets': ['IP:port'], 'labels': {'host':
+    inventory name, 'ray_role': head|worker}}. Every job appears for every
+    host that runs it, so one Prometheus target is one (host, port).
+    """
+    jobs = {}
+    head_hosts = set(head_hosts or [])
+    for host in hosts or []:
+        address = _address(host, addresses)
+        role = "head" if host in head_hosts else "worker"
+        labels = {"host": host, "ray_role": role}
+        hvars = hostvars[host] if host in hostvars else {}
+        ports = hvars.get("ray_ports") or []
+        for entry in ports:
+            if not entry.get("metrics"):
+                continue
+            if entry.get("scope", "all") == "head" and role != "head":
+                continue
+            if entry.get("scope") == "closed":
+                continue
+            job = RAY_JOBS.get(entry["name"], "ray_" + str(entry["name"]))
+            jobs.setdefault(job, []).append({"targets": [_target(address, int(entry["port"]))], "labels": dict(labels)})
+        jobs.setdefault(NODE_EXPORTER_JOB, []).append(
+            {"targets": [_target(address, int(node_exporter_port))], "labels": dict(labels)})
+    return {job: sorted(entries, key=lambda e: e["labels"]["host"]) for job, entries in sorted(jobs.items())}
+
+
+def monitoring_ports(is_monitoring_host, is_head, prometheus_port, node_exporter_port):
+    """Ports this node opens for monitoring, in the firewall role's firewall_ports format.
+
+    node_exporter on every node (a metrics port); Prometheus on the monitoring
+    host, reachable from admin networks (and loopback, where the SSH tunnel
+    arrives); from the cluster too when the monitoring host is not the head,
+    whose dashboard queries it.
+    """
+    ports = [{"name": "node_exporter", "port": int(node_exporter_port), "proto": "tcp", "scope": "all",
+              "metrics": True}]
+    if is_monitoring_host:
+        ports.append({"name": "prometheus", "port": int(prometheus_port), "proto": "tcp",
+                      "scope": "closed" if is_head else "all", "admin": True})
+    return ports
+
+
+def monitoring_targets_summary(targets_response):
+    """Summarise Prometheus's /api/v1/targets answer: {'up': n, 'total': n, 'down': ['job host (error)', ...]}."""
+    data = (targets_response or {}).get("data") or {}
+    active = data.get("activeTargets") or []
+    down = []
+    for target in active:
+        if target.get("health") != "up":
+            labels = target.get("labels") or {}
+            down.append("%s %s (%s)" % (labels.get("job", "?"), labels.get("host", labels.get("instance", "?")),
+                                        target.get("lastError") or target.get("health") or "unknown"))
+    return {"up": len(active) - len(down), "total": len(active), "down": sorted(down)}
+
+
+def monitoring_tunnel_command(address, port, ssh=None):
+    """The SSH tunnel that brings address:port to 127.0.0.1:port on a workstation.
+
+    ssh: host, user, port, key, common_args as Ansible reaches the host; cwd: key paths under it
+    are shown relative to it.
+    """
+    ssh = ssh or {}
+    cmd = ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", "-L", "%d:%s:%d" % (int(port), address, int(port))]
+    if ssh.get("port") not in (None, "", 22, "22"):
+        cmd += ["-p", str(ssh["port"])]
+    key = str(ssh.get("key") or "")
+    if key:
+        # Shown relative to the directory the playbook ran from, as the Ray summary does.
+        key = os.path.normpath(os.path.expanduser(key))
+        cwd = str(ssh.get("cwd") or "")
+        if cwd and os.path.isabs(key) and key.startswith(os.path.normpath(cwd) + os.sep):
+            key = os.path.relpath(key, cwd)
+        cmd += ["-i", key]
+    if ssh.get("common_args"):
+        cmd += [str(ssh["common_args"]).strip()]
+    target = str(ssh.get("host") or "?")
+    if ssh.get("user"):
+        target = "%s@%s" % (ssh["user"], target)
+    cmd.append(target)
+    return " ".join(cmd)
+
+
+class FilterModule(object):
+    """raymetal filters for the monitoring role."""
+
+    def filters(self):
+        return {
+            "monitoring_scrape_targets": monitoring_scrape_targets,
+            "monitoring_ports": monitoring_ports,
+            "monitoring_targets_summary": monitoring_targets_summary,
+            "monitoring_tunnel_command": monitoring_tunnel_command,
+        }
