@@ -13,6 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 LAB_INVENTORY = ROOT / "inventory" / "lab"
 VENV_BIN = ROOT / ".venv" / "bin"
 LAB_PREFIX = os.environ.get("LAB_PREFIX", "raymetal")
+# The lab's node names (lab/lab.sh names them <LAB_PREFIX>-head, -worker1, ...).
+HEAD = f"{LAB_PREFIX}-head"
+WORKER1 = f"{LAB_PREFIX}-worker1"
+WORKER2 = f"{LAB_PREFIX}-worker2"
 
 
 def lab_hosts() -> dict[str, dict]:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.lab import labkit
 
-HEAD = "raymetal-head"
+HEAD = labkit.HEAD
 OUTSIDER = f"{labkit.LAB_PREFIX}-outsider"
 
 PROBE = (
@@ -61,15 +61,15 @@ def outsider(lab):
 def test_cluster_nodes_reach_the_head_over_the_fabric(cluster, lab):
     head_ib = lab[HEAD]["lab_fabric_ip"]
     for port in (6379, 8265):
-        assert probe("raymetal-worker1", head_ib, port) == "open", port
+        assert probe(labkit.WORKER1, head_ib, port) == "open", port
     # Head to a worker's raylet, the other direction.
-    assert probe(HEAD, lab["raymetal-worker1"]["lab_fabric_ip"], 6380) == "open"
+    assert probe(HEAD, lab[labkit.WORKER1]["lab_fabric_ip"], 6380) == "open"
 
 
 def test_management_network_cannot_reach_ray(cluster, lab):
     head_mgmt = lab[HEAD]["ansible_host"]
     for port in (6379, 8265, 6380, 52365):
-        assert probe("raymetal-worker1", head_mgmt, port) == "timeout", port
+        assert probe(labkit.WORKER1, head_mgmt, port) == "timeout", port
         assert probe_from_controller(head_mgmt, port) == "timeout", port
 
 
@@ -77,11 +77,11 @@ def test_a_host_outside_the_inventory_is_dropped_on_the_fabric(cluster, lab, out
     head_ib = lab[HEAD]["lab_fabric_ip"]
     for port in (6379, 8265, 10001, 52365):
         assert probe(outsider, head_ib, port) == "timeout", port
-    assert probe(outsider, lab["raymetal-worker2"]["lab_fabric_ip"], 6380) == "timeout"
+    assert probe(outsider, lab[labkit.WORKER2]["lab_fabric_ip"], 6380) == "timeout"
 
 
 def test_the_ray_client_port_is_closed_even_to_cluster_nodes(cluster, lab):
-    assert probe("raymetal-worker1", lab[HEAD]["lab_fabric_ip"], 10001) == "timeout"
+    assert probe(labkit.WORKER1, lab[HEAD]["lab_fabric_ip"], 10001) == "timeout"
     # Ray does listen there (on ib0 and loopback): the firewall is what closes it.
     assert probe(HEAD, "127.0.0.1", 10001) == "open"
 
@@ -94,7 +94,7 @@ def test_ssh_still_reaches_every_node(cluster, lab):
 
 def test_without_the_firewall_the_same_probe_gets_through(cluster, lab):
     """The blocked probes above would pass without the firewall: prove it on one node."""
-    name = "raymetal-worker2"
+    name = labkit.WORKER2
     mgmt = lab[name]["ansible_host"]
     assert probe_from_controller(mgmt, 6380) == "timeout"
     labkit.sh(name, "nft delete table inet raymetal")

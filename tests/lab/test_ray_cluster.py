@@ -16,7 +16,7 @@ import yaml
 from raymetal.runner import deploy
 from tests.lab import labkit
 
-HEAD = "raymetal-head"
+HEAD = labkit.HEAD
 TOKEN_ENV = "set -a; . /etc/ray/ray.env; set +a"
 
 
@@ -120,9 +120,9 @@ def test_one_token_on_every_node_never_in_the_unit(cluster, lab):
 
 
 def test_dashboard_answers_401_without_the_token_and_200_with_it(cluster, lab):
-    code, _ = api(lab, "/api/version", token=False, on="raymetal-worker1")
+    code, _ = api(lab, "/api/version", token=False, on=labkit.WORKER1)
     assert code == 401
-    code, body = api(lab, "/api/version", token=True, on="raymetal-worker1")
+    code, body = api(lab, "/api/version", token=True, on=labkit.WORKER1)
     assert code == 200 and json.loads(body)["ray_version"] == "2.60.0"
 
 
@@ -131,17 +131,17 @@ def test_a_node_without_the_right_token_is_refused(cluster, lab, auth):
     env = "RAY_AUTH_MODE=disabled" if auth == "no token" else "RAY_AUTH_MODE=token RAY_AUTH_TOKEN=" + "0" * 64
     script = (
         f"cd /tmp && env -i PATH=/usr/bin:/bin {env} timeout 120 /opt/ray/venv/bin/ray start "
-        f"--address={head_ip(lab)}:6379 --node-ip-address={lab['raymetal-worker2']['lab_fabric_ip']} "
+        f"--address={head_ip(lab)}:6379 --node-ip-address={lab[labkit.WORKER2]['lab_fabric_ip']} "
         "--temp-dir=/tmp/ray-intruder --node-manager-port=7380 --object-manager-port=7381 "
         "--runtime-env-agent-port=7382 --dashboard-agent-grpc-port=7383 --dashboard-agent-listen-port=7384 "
         "--metrics-export-port=7385 --min-worker-port=20002 --max-worker-port=20100 --disable-usage-stats"
     )
     before = alive_nodes(lab)
     try:
-        proc = labkit.sh("raymetal-worker2", script, check=False, timeout=180, user="ray")
+        proc = labkit.sh(labkit.WORKER2, script, check=False, timeout=180, user="ray")
     finally:
         # If it had joined, leave nothing behind (by temp dir, never `ray stop`).
-        labkit.sh("raymetal-worker2", "pkill -9 -f /tmp/ray-intruder; rm -rf /tmp/ray-intruder", check=False)
+        labkit.sh(labkit.WORKER2, "pkill -9 -f /tmp/ray-intruder; rm -rf /tmp/ray-intruder", check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert any(s in out for s in ("InvalidAuthToken", "AuthenticationError", "Unauthenticated", "UNAUTHENTICATED")), out
@@ -186,23 +186,23 @@ def test_a_worker_only_change_restarts_only_that_worker(cluster, lab, tmp_path):
         )
     )
     (inv / "host_vars").mkdir(exist_ok=True)
-    (inv / "host_vars" / "raymetal-worker1.yml").write_text(yaml.safe_dump({"ray_labels": {"raymetal-test": "relabel"}}))
+    (inv / "host_vars" / f"{labkit.WORKER1}.yml").write_text(yaml.safe_dump({"ray_labels": {"raymetal-test": "relabel"}}))
     before = invocation_ids(lab)
     try:
         facts, changed = counting_deploy(inv)
         after = invocation_ids(lab)
         assert after[HEAD] == before[HEAD]
-        assert after["raymetal-worker2"] == before["raymetal-worker2"]
-        assert after["raymetal-worker1"] != before["raymetal-worker1"]
-        assert changed and all(c.startswith("raymetal-worker1:") for c in changed), changed
-        worker1 = [n for n in facts["nodes"] if n["ip"] == lab["raymetal-worker1"]["lab_fabric_ip"] and n["state"] == "ALIVE"]
+        assert after[labkit.WORKER2] == before[labkit.WORKER2]
+        assert after[labkit.WORKER1] != before[labkit.WORKER1]
+        assert changed and all(c.startswith(labkit.WORKER1 + ":") for c in changed), changed
+        worker1 = [n for n in facts["nodes"] if n["ip"] == lab[labkit.WORKER1]["lab_fabric_ip"] and n["state"] == "ALIVE"]
         assert worker1 and worker1[0]["labels"].get("raymetal-test") == "relabel", worker1
     finally:
         deploy(str(labkit.LAB_INVENTORY))
 
 
 def test_a_killed_raylet_comes_back_by_itself(cluster, lab):
-    name = "raymetal-worker2"
+    name = labkit.WORKER2
     ip = lab[name]["lab_fabric_ip"]
     old_id = alive_nodes(lab)[ip]
     labkit.sh(name, "pkill -9 -x raylet")

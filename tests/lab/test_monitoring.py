@@ -1,0 +1,153 @@
+"""Monitoring on the lab: Prometheus on the head (the monitoring host), node_exporter on every node.
+
+Both came from the lab's apt mirror (lab/mirror-packages.txt) during the
+shared `cluster` deploy; the lab inventory turns monitoring on with a 5 s
+scrape interval and a 20 s RayNodeDown window. Prometheus's API is asked on
+the head (its port is closed to everything else but loopback and admin networks).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.parse
+
+from tests.lab import labkit
+
+HEAD = labkit.HEAD
+RAY_HEAD_JOBS = {"ray_autoscaler", "ray_dashboard"}
+EVERY_NODE_JOBS = {"ray_node", "node"}
+
+
+def prom(lab, path, **params):
+    """GET Prometheus's API on the head at its fabric address; the decoded JSON."""
+    url = f"http://{lab[HEAD]['lab_fabric_ip']}:9090{path}"
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    out = labkit.sh(HEAD, f"curl -sf -m 10 '{url}'").stdout
+    return json.loads(out)
+
+
+def targets(lab):
+    """{(job, host): health} of every active target."""
+    data = prom(lab, "/api/v1/targets", state="active")["data"]["activeTargets"]
+    return {(t["labels"]["job"], t["labels"].get("host")): t["health"] for t in data}
+
+
+def expected_targets(lab):
+    want = {(job, name) for name in lab for job in EVERY_NODE_JOBS}
+    want |= {(job, name) for name, hv in lab.items() if hv["group"] == "ray_head" for job in RAY_HEAD_JOBS}
+    return want
+
+
+def all_up(lab):
+    now = targets(lab)
+    return now if set(now) == expected_targets(lab) and set(now.values()) == {"up"} else False
+
+
+def probe(container, ip, port):
+    script = (
+        "python3 -c \"import socket,sys\n"
+        "s=socket.socket(); s.settimeout(3)\n"
+        "try:\n"
+        "    s.connect((sys.argv[1], int(sys.argv[2]))); print('open')\n"
+        "except socket.timeout: print('timeout')\n"
+        "except ConnectionRefusedError: print('refused')\n"
+        "except OSError as e: print('error', e)\" %s %s" % (ip, port)
+    )
+    return labkit.sh(container, script, timeout=30).stdout.strip()
+
+
+def probe_from_controller(ip, port):
+    try:
+        with socket.create_connection((ip, port), timeout=3):
+            return "open"
+    except socket.timeout:
+        return "timeout"
+    except ConnectionRefusedError:
+        return "refused"
+
+
+def main_pid(container, unit):
+    return labkit.sh(container, f"systemctl show -p MainPID --value {unit}").stdout.strip()
+
+
+def test_every_ray_and_node_exporter_target_is_up_for_every_node(cluster, lab):
+    up = labkit.wait_until(lambda: all_up(lab), 90, interval=3, what="every target up")
+    # 3 nodes: ray_node and node on each, the autoscaler and dashboard on the head.
+    assert len(up) == 2 * len(lab) + 2, up
+
+
+def test_a_ray_metric_has_one_series_per_node_labelled_with_its_host(cluster, lab):
+    def series():
+        result = prom(lab, "/api/v1/query", query='ray_node_mem_used{job="ray_node"}')["data"]["result"]
+        hosts = sorted(r["metric"].get("host") for r in result)
+        return hosts if hosts == sorted(lab) else False
+
+    assert labkit.wait_until(series, 90, interval=3, what="ray_node_mem_used for every host") == sorted(lab)
+
+
+def test_the_dashboard_uses_this_prometheus(cluster, lab):
+    env = labkit.sh(HEAD, "cat /etc/ray/ray.env").stdout
+    assert f"RAY_PROMETHEUS_HOST=http://{lab[HEAD]['lab_fabric_ip']}:9090" in env
+    worker_env = labkit.sh(labkit.WORKER1, "cat /etc/ray/ray.env").stdout
+    assert "RAY_PROMETHEUS_HOST" not in worker_env
+    out = labkit.sh(
+        HEAD,
+        "curl -s -m 10 -H \"Authorization: Bearer $(cat /etc/ray/auth_token)\" "
+        f"http://{lab[HEAD]['lab_fabric_ip']}:8265/api/prometheus_health",
+    ).stdout
+    assert json.loads(out).get("result") is True, out
+
+
+def test_metrics_ports_answer_the_monitoring_host_only(cluster, lab):
+    worker1 = lab[labkit.WORKER1]["lab_fabric_ip"]
+    for port in (6384, 9100):
+        assert probe(HEAD, worker1, port) == "open", port
+        # Another cluster node and the controller (on the fabric bridge) are dropped.
+        assert probe(labkit.WORKER2, worker1, port) == "timeout", port
+        assert probe_from_controller(worker1, port) == "timeout", port
+    head_ib = lab[HEAD]["lab_fabric_ip"]
+    for port in (44217, 44227, 9100, 9090):
+        assert probe_from_controller(head_ib, port) == "timeout", port
+    # Prometheus: not even other cluster nodes (the tunnel arrives on the head itself).
+    assert probe(labkit.WORKER1, head_ib, 9090) == "timeout"
+    assert probe(HEAD, head_ib, 9090) == "open"
+
+
+def test_a_stopped_worker_goes_down_and_fires_ray_node_down(cluster, lab):
+    name = labkit.WORKER2
+
+    def alert_firing():
+        alerts = prom(lab, "/api/v1/alerts")["data"]["alerts"]
+        return [a for a in alerts if a["labels"]["alertname"] == "RayNodeDown"
+                and a["labels"].get("host") == name and a["state"] == "firing"]
+
+    labkit.wait_until(lambda: all_up(lab), 90, interval=3, what="every target up")
+    labkit.sh(name, "systemctl stop ray-worker")
+    try:
+        labkit.wait_until(lambda: targets(lab)[("ray_node", name)] == "down", 60, interval=2,
+                          what=f"ray_node target of {name} down")
+        assert targets(lab)[("node", name)] == "up"
+        # for: 20s in the lab inventory, evaluated every 5 s.
+        firing = labkit.wait_until(alert_firing, 90, interval=3, what=f"RayNodeDown firing for {name}")
+        assert firing[0]["labels"]["job"] == "ray_node"
+    finally:
+        labkit.sh(name, "systemctl start ray-worker")
+    labkit.wait_until(lambda: all_up(lab), 180, interval=3, what=f"{name} back up")
+
+
+def test_rerun_changes_nothing_and_keeps_prometheus_running(cluster, lab):
+    before = {"prometheus": main_pid(HEAD, "prometheus"),
+              **{n: main_pid(n, "prometheus-node-exporter") for n in lab}}
+    assert all(pid not in ("", "0") for pid in before.values()), before
+    rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    assert rc == 0, out[-3000:]
+    recap = labkit.recap(out)
+    assert all(c["changed"] == 0 for c in recap.values()), recap
+    after = {"prometheus": main_pid(HEAD, "prometheus"),
+             **{n: main_pid(n, "prometheus-node-exporter") for n in lab}}
+    assert after == before
+    # The summary names Prometheus, the tunnel and the targets.
+    assert f"Prometheus: http://{lab[HEAD]['lab_fabric_ip']}:9090 on {HEAD}: {2 * len(lab) + 2}/{2 * len(lab) + 2} targets up" in out
+    assert f"-L 9090:{lab[HEAD]['lab_fabric_ip']}:9090" in out
