@@ -213,14 +213,14 @@ cmd_wheelhouse() {
       || die "downloading ray[default]==$RAY_VERSION into $wh failed (see the message above)"
     touch "$wh/.complete-ray-$RAY_VERSION"
   fi
-  local nccl=$LAB_CACHE/wheelhouse-nccl
-  if [[ -f $nccl/.complete-${NCCL_WHEEL//[^A-Za-z0-9.-]/_} ]]; then
-    log "NCCL wheel is cached in $nccl"
+  # The NCCL wheel goes into the same wheelhouse: the ray role installs it with Ray, in one pip run.
+  local mark=$wh/.complete-${NCCL_WHEEL//[^A-Za-z0-9.-]/_}
+  if [[ -f $mark ]]; then
+    log "NCCL wheel is cached in $wh"
   else
-    log "downloading $NCCL_WHEEL (about 350 MB, once) into $nccl"
-    mkdir -p "$nccl"
-    "$PIP" download -q --no-deps -d "$nccl" "$NCCL_WHEEL" || die "pip download of $NCCL_WHEEL failed"
-    touch "$nccl/.complete-${NCCL_WHEEL//[^A-Za-z0-9.-]/_}"
+    log "downloading $NCCL_WHEEL (about 350 MB, once) into $wh"
+    "$PIP" download -q --no-deps -d "$wh" "$NCCL_WHEEL" || die "pip download of $NCCL_WHEEL failed"
+    touch "$mark"
   fi
 }
 

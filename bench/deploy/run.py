@@ -5,7 +5,7 @@ Phases, each on brand-new containers of a private lab (LAB_PREFIX=raybench,
 1 head + 2 workers, subnets 10.231.180.0/24 and 10.231.190.0/24 by default):
 
   floor 1   the same end state by hand, with `docker exec`/`docker cp` and no Ansible:
-            copy both wheelhouses (Ray + NCCL) into every node, `python3 -m venv` and one
+            copy the wheelhouse (Ray + NCCL) into every node, `python3 -m venv` and one
             offline `pip install` of ray[default] and the NCCL wheel on every node (in
             parallel), the head's `ray start --head --block` under a transient systemd
             unit with token auth and the deploy's pinned ports, the workers' joins, until
@@ -56,7 +56,6 @@ CACHE = os.environ.get("RAYMETAL_CACHE") or os.path.join(os.path.expanduser("~")
 RAY_SPEC = "ray[default]==2.60.0"
 NCCL_SPEC = "nvidia-nccl-cu12==2.32.3"
 NODE_WH = "/var/cache/raymetal/wheelhouse"
-NODE_WH_NCCL = "/var/cache/raymetal/wheelhouse-nccl"
 VENV = "/opt/ray/venv"
 TOKEN_PATH = "/etc/ray/auth_token"
 TEMP_DIR = "/var/lib/ray/tmp"
@@ -253,19 +252,17 @@ def floor(lab, label):
 
     def copy(node):
         name = node[0]
-        dexec(name, "mkdir -p %s %s" % (NODE_WH, NODE_WH_NCCL), "mkdir", logfile)
+        dexec(name, "mkdir -p %s" % NODE_WH, "mkdir", logfile)
         run(["docker", "cp", os.path.join(CACHE, "wheelhouse") + "/.", "%s:%s" % (name, NODE_WH)],
             "docker cp wheelhouse to " + name, logfile=logfile)
-        run(["docker", "cp", os.path.join(CACHE, "wheelhouse-nccl") + "/.", "%s:%s" % (name, NODE_WH_NCCL)],
-            "docker cp NCCL wheelhouse to " + name, logfile=logfile)
 
     parallel(copy, nodes)
     steps["copy wheelhouses"] = time.monotonic() - start
 
     t = time.monotonic()
     install = ("python3 -m venv {venv}\nPIP_CONFIG_FILE=/dev/null {venv}/bin/pip install -q "
-               "--disable-pip-version-check --no-index --find-links {wh} --find-links {whn} '{ray}' '{nccl}'").format(
-                   venv=VENV, wh=NODE_WH, whn=NODE_WH_NCCL, ray=RAY_SPEC, nccl=NCCL_SPEC)
+               "--disable-pip-version-check --no-index --find-links {wh} '{ray}' '{nccl}'").format(
+                   venv=VENV, wh=NODE_WH, ray=RAY_SPEC, nccl=NCCL_SPEC)
     parallel(lambda node: dexec(node[0], install, "venv + pip install", logfile), nodes)
     steps["venv + pip install"] = time.monotonic() - t
 
@@ -497,7 +494,7 @@ def report(args, floors, results, lab_up):
         for task, secs in profile[:args.top]:
             print("  %7.2f s  %s" % (secs, task))
     print()
-    print("The floor includes: docker cp of both wheelhouses (Ray 108 MB, NCCL 351 MB) into each node, "
+    print("The floor includes: docker cp of the wheelhouse (Ray and its dependencies 108 MB, NCCL 351 MB) into each node, "
           "python3 -m venv and ONE offline pip install of %s and %s per node, token file, head and worker "
           "`ray start --block` as root under transient systemd units with the deploy's pinned ports, "
           "polling the dashboard (token) until 3 nodes are ALIVE. It leaves out what the deploy also does: "
