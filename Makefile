@@ -50,7 +50,8 @@ status: venv ## Print the cluster's nodes and resources
 docs: venv ## Regenerate the options section of every roles/*/README.md from its meta/argument_specs.yml (aar-doc)
 	$(BIN)/python tools/role_docs.py
 
-lint: venv ## yamllint and ansible-lint (production profile)
+lint: venv ## Role READMEs up to date with their specs, yamllint, ansible-lint (production profile)
+	$(BIN)/python tools/role_docs.py --check
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --strict
 
