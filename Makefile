@@ -14,7 +14,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # Molecule scenarios run by `make test`, one after another.
 MOLECULE_SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
-.PHONY: help deps venv lab-up lab-down lab-status demo deploy status lint unit molecule e2e test bench clean
+.PHONY: help deps venv lab-up lab-down lab-status demo deploy status docs lint unit molecule e2e test bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -47,7 +47,11 @@ deploy: venv ## Deploy onto INVENTORY (default: the lab)
 status: venv ## Print the cluster's nodes and resources
 	$(BIN)/ansible-playbook playbooks/status.yml -i $(INVENTORY)
 
-lint: venv ## yamllint and ansible-lint (production profile)
+docs: venv ## Regenerate the options section of every roles/*/README.md from its meta/argument_specs.yml (aar-doc)
+	$(BIN)/python tools/role_docs.py
+
+lint: venv ## Role READMEs up to date with their specs, yamllint, ansible-lint (production profile)
+	$(BIN)/python tools/role_docs.py --check
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --strict
 
