@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import shlex
+import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
+import ansible_runner
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,13 +46,53 @@ def ansible_env() -> dict[str, str]:
     return env
 
 
-def run_playbook(playbook: str, inventory: Path | str, *args: str, timeout: int = 900):
-    """Run ansible-playbook from the repo root; return (rc, combined output)."""
-    cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / playbook), *args]
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=ansible_env(), capture_output=True, text=True, timeout=timeout
-    )
-    return proc.returncode, proc.stdout + proc.stderr
+class PlaybookRun(NamedTuple):
+    """One ansible-playbook run: exit status, its output, and per-host counters from ansible-runner."""
+
+    rc: int
+    output: str
+    # {host: {"ok": n, "changed": n, "unreachable": n, "failed": n, "skipped": n, "rescued": n, "ignored": n}},
+    # from ansible-runner's playbook_on_stats event (the counters the PLAY RECAP prints), {} when the
+    # run ended before it.
+    stats: dict[str, dict[str, int]]
+
+
+# ansible-runner's names for the counters -> the names the PLAY RECAP prints.
+_COUNTERS = {"ok": "ok", "changed": "changed", "dark": "unreachable", "failures": "failed",
+             "skipped": "skipped", "rescued": "rescued", "ignored": "ignored"}
+
+
+def _host_stats(event_data: dict) -> dict[str, dict[str, int]]:
+    hosts = set().union(*(event_data.get(name) or {} for name in _COUNTERS))
+    return {host: {recap: (event_data.get(name) or {}).get(host, 0) for name, recap in _COUNTERS.items()}
+            for host in hosts}
+
+
+def run_playbook(playbook: str, inventory: Path | str, *args: str, timeout: int = 900) -> PlaybookRun:
+    """Run ansible-playbook from the repo root through ansible-runner.
+
+    Unpacks as (rc, output, stats): stats are ansible-runner's per-host counters
+    (ok, changed, failures, dark, skipped, ...), not a parse of the PLAY RECAP text.
+    """
+    stats: dict[str, dict[str, int]] = {}
+
+    def on_event(event: dict) -> bool:
+        if event.get("event") == "playbook_on_stats":
+            stats.update(_host_stats(event.get("event_data") or {}))
+        return True
+
+    env = ansible_env()
+    with tempfile.TemporaryDirectory(prefix="labkit-run-") as private:
+        result = ansible_runner.run(
+            private_data_dir=private, project_dir=str(ROOT), playbook=str(ROOT / playbook),
+            inventory=str(inventory), cmdline=shlex.join(args) if args else None,
+            envvars={k: env[k] for k in ("ANSIBLE_CONFIG", "PATH", "ANSIBLE_NOCOLOR", "ANSIBLE_FORCE_COLOR",
+                                          "ANSIBLE_CACHE_PLUGIN")},
+            event_handler=on_event, quiet=True, suppress_env_files=True, timeout=timeout)
+        output = result.stdout.read().replace("\r\n", "\n")
+    if result.status == "timeout":
+        raise subprocess.TimeoutExpired(["ansible-playbook", playbook, *args], timeout, output)
+    return PlaybookRun(result.rc, output, stats)
 
 
 def sh(container: str, script: str, *, check: bool = True, timeout: int = 120, user: str | None = None):
@@ -64,24 +109,44 @@ def sh(container: str, script: str, *, check: bool = True, timeout: int = 120, u
     return proc
 
 
-def recap(output: str) -> dict[str, dict[str, int]]:
-    """Parse the PLAY RECAP of ansible-playbook output into {host: {ok:.., changed:..}}."""
-    result = {}
-    in_recap = False
-    for line in output.splitlines():
-        if line.startswith("PLAY RECAP"):
-            in_recap = True
-            continue
-        if in_recap:
-            if not line.strip():
-                if result:
-                    break
-                continue
-            host, _, counts = line.partition(":")
-            result[host.strip()] = {
-                k: int(v) for k, v in (kv.split("=") for kv in counts.split())
-            }
-    return result
+def probe_from_controller(ip: str, port: int, timeout: float = 3) -> str:
+    """Try a TCP connection from the controller (on both lab networks, never a cluster member).
+
+    Returns "open", "timeout" (a firewall that drops), "refused" (nothing listens, or a reject),
+    or "error N" for any other socket error (errno N).
+    """
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return "open"
+    except socket.timeout:
+        return "timeout"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError as err:
+        return f"error {err.errno}"
+
+
+# The same probe, run by a node's python3 (stdlib only): prints what probe_from_controller returns.
+_NODE_PROBE = """import socket, sys
+s = socket.socket(); s.settimeout(float(sys.argv[3]))
+try:
+    s.connect((sys.argv[1], int(sys.argv[2]))); print("open")
+except socket.timeout:
+    print("timeout")
+except ConnectionRefusedError:
+    print("refused")
+except OSError as err:
+    print("error", err.errno)
+"""
+
+
+def probe_from(container: str, ip: str, port: int, timeout: float = 3) -> str:
+    """Try a TCP connection from inside a lab container; same answers as probe_from_controller."""
+    proc = subprocess.run(["docker", "exec", container, "python3", "-c", _NODE_PROBE, ip, str(port), str(timeout)],
+                          capture_output=True, text=True, timeout=timeout + 30)
+    if proc.returncode != 0:
+        raise AssertionError(f"{container}: the port probe did not run ({proc.returncode}): {proc.stderr}")
+    return proc.stdout.strip()
 
 
 def wait_until(predicate, timeout: float, interval: float = 2.0, what: str = "condition"):

@@ -17,30 +17,6 @@ from tests.lab import labkit
 HEAD = labkit.HEAD
 OUTSIDER = f"{labkit.LAB_PREFIX}-outsider"
 
-PROBE = (
-    "python3 -c \"import socket,sys\n"
-    "s=socket.socket(); s.settimeout(3)\n"
-    "try:\n"
-    "    s.connect((sys.argv[1], int(sys.argv[2]))); print('open')\n"
-    "except socket.timeout: print('timeout')\n"
-    "except ConnectionRefusedError: print('refused')\n"
-    "except OSError as e: print('error', e)\" {ip} {port}"
-)
-
-
-def probe(container, ip, port):
-    return labkit.sh(container, PROBE.format(ip=ip, port=port), timeout=30).stdout.strip()
-
-
-def probe_from_controller(ip, port):
-    try:
-        with socket.create_connection((ip, port), timeout=3):
-            return "open"
-    except socket.timeout:
-        return "timeout"
-    except ConnectionRefusedError:
-        return "refused"
-
 
 @pytest.fixture(scope="module")
 def outsider(lab):
@@ -61,29 +37,29 @@ def outsider(lab):
 def test_cluster_nodes_reach_the_head_over_the_fabric(cluster, lab):
     head_ib = lab[HEAD]["lab_fabric_ip"]
     for port in (6379, 8265):
-        assert probe(labkit.WORKER1, head_ib, port) == "open", port
+        assert labkit.probe_from(labkit.WORKER1, head_ib, port) == "open", port
     # Head to a worker's raylet, the other direction.
-    assert probe(HEAD, lab[labkit.WORKER1]["lab_fabric_ip"], 6380) == "open"
+    assert labkit.probe_from(HEAD, lab[labkit.WORKER1]["lab_fabric_ip"], 6380) == "open"
 
 
 def test_management_network_cannot_reach_ray(cluster, lab):
     head_mgmt = lab[HEAD]["ansible_host"]
     for port in (6379, 8265, 6380, 52365):
-        assert probe(labkit.WORKER1, head_mgmt, port) == "timeout", port
-        assert probe_from_controller(head_mgmt, port) == "timeout", port
+        assert labkit.probe_from(labkit.WORKER1, head_mgmt, port) == "timeout", port
+        assert labkit.probe_from_controller(head_mgmt, port) == "timeout", port
 
 
 def test_a_host_outside_the_inventory_is_dropped_on_the_fabric(cluster, lab, outsider):
     head_ib = lab[HEAD]["lab_fabric_ip"]
     for port in (6379, 8265, 10001, 52365):
-        assert probe(outsider, head_ib, port) == "timeout", port
-    assert probe(outsider, lab[labkit.WORKER2]["lab_fabric_ip"], 6380) == "timeout"
+        assert labkit.probe_from(outsider, head_ib, port) == "timeout", port
+    assert labkit.probe_from(outsider, lab[labkit.WORKER2]["lab_fabric_ip"], 6380) == "timeout"
 
 
 def test_the_ray_client_port_is_closed_even_to_cluster_nodes(cluster, lab):
-    assert probe(labkit.WORKER1, lab[HEAD]["lab_fabric_ip"], 10001) == "timeout"
+    assert labkit.probe_from(labkit.WORKER1, lab[HEAD]["lab_fabric_ip"], 10001) == "timeout"
     # Ray does listen there (on ib0 and loopback): the firewall is what closes it.
-    assert probe(HEAD, "127.0.0.1", 10001) == "open"
+    assert labkit.probe_from(HEAD, "127.0.0.1", 10001) == "open"
 
 
 def test_ssh_still_reaches_every_node(cluster, lab):
@@ -96,10 +72,10 @@ def test_without_the_firewall_the_same_probe_gets_through(cluster, lab):
     """The blocked probes above would pass without the firewall: prove it on one node."""
     name = labkit.WORKER2
     mgmt = lab[name]["ansible_host"]
-    assert probe_from_controller(mgmt, 6380) == "timeout"
+    assert labkit.probe_from_controller(mgmt, 6380) == "timeout"
     labkit.sh(name, "nft delete table inet raymetal")
     try:
-        assert probe_from_controller(mgmt, 6380) == "open"
+        assert labkit.probe_from_controller(mgmt, 6380) == "open"
     finally:
         labkit.sh(name, "systemctl restart raymetal-firewall.service")
-    assert probe_from_controller(mgmt, 6380) == "timeout"
+    assert labkit.probe_from_controller(mgmt, 6380) == "timeout"

@@ -125,7 +125,7 @@ def rename_fabric_nic(name, fabric_ip):
 def test_upgrade_to_a_version_missing_from_the_wheelhouse_leaves_the_cluster_running(cluster, lab):
     before = running_ray(lab)
     files_before = {n: labkit.sh(n, "md5sum /etc/ray/ray.env /etc/systemd/system/ray-*.service").stdout for n in lab}
-    rc, out = labkit.run_playbook(
+    rc, out, _ = labkit.run_playbook(
         "playbooks/upgrade.yml", labkit.LAB_INVENTORY, "-e", f"ray_version={MISSING_VERSION}", "-e", "upgrade_confirm=yes"
     )
     assert rc != 0, out
@@ -142,7 +142,7 @@ def test_upgrade_to_a_version_missing_from_the_wheelhouse_leaves_the_cluster_run
 
 
 def test_stop_keeps_the_cluster_down_across_a_reboot_and_site_starts_it_again(cluster, lab):
-    rc, out = labkit.run_playbook("playbooks/stop.yml", labkit.LAB_INVENTORY)
+    rc, out, _ = labkit.run_playbook("playbooks/stop.yml", labkit.LAB_INVENTORY)
     assert rc == 0, out
     assert "ray stop" not in out
     for name in lab:
@@ -161,7 +161,7 @@ def test_stop_keeps_the_cluster_down_across_a_reboot_and_site_starts_it_again(cl
     rename_fabric_nic(REBOOTED, lab[REBOOTED]["lab_fabric_ip"])
 
     started = time.monotonic()
-    rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
     seconds = time.monotonic() - started
     print(f"\nstop.yml then site.yml: every node back in {seconds:.1f} s")
     assert rc == 0, out
@@ -179,7 +179,7 @@ def test_teardown_leaves_the_nodes_as_before_the_first_deploy_and_a_redeploy_wor
             pytest.fail(f"{path} is missing: lab/lab.sh records it when it creates a node; run `make lab-down lab-up`")
         fresh[name] = set(path.read_text().splitlines())
 
-    rc, out = labkit.run_playbook(
+    rc, out, _ = labkit.run_playbook(
         "playbooks/teardown.yml", labkit.LAB_INVENTORY, "-e", "teardown_confirm=yes", "-e", "teardown_firewall=true"
     )
     left, lost, packaged, leftovers = {}, {}, {}, {}
@@ -205,7 +205,7 @@ def test_teardown_leaves_the_nodes_as_before_the_first_deploy_and_a_redeploy_wor
     # Deploy again on the same hosts, whatever the teardown left, so that the
     # tests after this one find the cluster deployed; then judge both.
     started = time.monotonic()
-    rc2, out2 = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    rc2, out2, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
     print(f"\nredeploy after teardown: {time.monotonic() - started:.1f} s")
     assert rc == 0, out
     assert left == {name: [] for name in lab}

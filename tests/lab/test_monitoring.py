@@ -9,7 +9,6 @@ the head (its port is closed to everything else but loopback and admin networks)
 from __future__ import annotations
 
 import json
-import socket
 import urllib.parse
 
 from tests.lab import labkit
@@ -43,29 +42,6 @@ def expected_targets(lab):
 def all_up(lab):
     now = targets(lab)
     return now if set(now) == expected_targets(lab) and set(now.values()) == {"up"} else False
-
-
-def probe(container, ip, port):
-    script = (
-        "python3 -c \"import socket,sys\n"
-        "s=socket.socket(); s.settimeout(3)\n"
-        "try:\n"
-        "    s.connect((sys.argv[1], int(sys.argv[2]))); print('open')\n"
-        "except socket.timeout: print('timeout')\n"
-        "except ConnectionRefusedError: print('refused')\n"
-        "except OSError as e: print('error', e)\" %s %s" % (ip, port)
-    )
-    return labkit.sh(container, script, timeout=30).stdout.strip()
-
-
-def probe_from_controller(ip, port):
-    try:
-        with socket.create_connection((ip, port), timeout=3):
-            return "open"
-    except socket.timeout:
-        return "timeout"
-    except ConnectionRefusedError:
-        return "refused"
 
 
 def main_pid(container, unit):
@@ -103,16 +79,16 @@ def test_the_dashboard_uses_this_prometheus(cluster, lab):
 def test_metrics_ports_answer_the_monitoring_host_only(cluster, lab):
     worker1 = lab[labkit.WORKER1]["lab_fabric_ip"]
     for port in (6384, 9100):
-        assert probe(HEAD, worker1, port) == "open", port
+        assert labkit.probe_from(HEAD, worker1, port) == "open", port
         # Another cluster node and the controller (on the fabric bridge) are dropped.
-        assert probe(labkit.WORKER2, worker1, port) == "timeout", port
-        assert probe_from_controller(worker1, port) == "timeout", port
+        assert labkit.probe_from(labkit.WORKER2, worker1, port) == "timeout", port
+        assert labkit.probe_from_controller(worker1, port) == "timeout", port
     head_ib = lab[HEAD]["lab_fabric_ip"]
     for port in (44217, 44227, 9100, 9090):
-        assert probe_from_controller(head_ib, port) == "timeout", port
+        assert labkit.probe_from_controller(head_ib, port) == "timeout", port
     # Prometheus: not even other cluster nodes (the tunnel arrives on the head itself).
-    assert probe(labkit.WORKER1, head_ib, 9090) == "timeout"
-    assert probe(HEAD, head_ib, 9090) == "open"
+    assert labkit.probe_from(labkit.WORKER1, head_ib, 9090) == "timeout"
+    assert labkit.probe_from(HEAD, head_ib, 9090) == "open"
 
 
 def test_a_stopped_worker_goes_down_and_fires_ray_node_down(cluster, lab):
@@ -141,9 +117,8 @@ def test_rerun_changes_nothing_and_keeps_prometheus_running(cluster, lab):
     before = {"prometheus": main_pid(HEAD, "prometheus"),
               **{n: main_pid(n, "prometheus-node-exporter") for n in lab}}
     assert all(pid not in ("", "0") for pid in before.values()), before
-    rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    rc, out, recap = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
     assert rc == 0, out[-3000:]
-    recap = labkit.recap(out)
     assert all(c["changed"] == 0 for c in recap.values()), recap
     after = {"prometheus": main_pid(HEAD, "prometheus"),
              **{n: main_pid(n, "prometheus-node-exporter") for n in lab}}

@@ -48,7 +48,7 @@ def test_the_deploy_plans_nvidia_peermem_on_an_infiniband_gpu_host(cluster, lab)
     before = invocation_ids(lab)
     extra = {"fabric_sysfs_root": f"{FIXTURE_DIR}/fabric-sys", "nvidia_driver_sysfs_root": f"{FIXTURE_DIR}/gpu-sys"}
     try:
-        rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "--check", "--diff", "-e", json.dumps(extra))
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "--check", "--diff", "-e", json.dumps(extra))
     finally:
         for name in lab:
             labkit.sh(name, f"rm -rf {FIXTURE_DIR}", check=False)
@@ -116,7 +116,7 @@ def test_ray_tasks_get_nccls_settings_from_the_nccl_role_and_its_overrides(clust
     before = invocation_ids(lab)
     override = {"nccl_extra_env": {"NCCL_SOCKET_IFNAME": "=eth0", "NCCL_DEBUG": "INFO"}}
     try:
-        rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", json.dumps(override))
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", json.dumps(override))
         assert rc == 0, out[-4000:]
         seen = nccl_seen_by_ray_tasks(lab)
         for ip, (effective, _env) in seen.items():
@@ -125,13 +125,13 @@ def test_ray_tasks_get_nccls_settings_from_the_nccl_role_and_its_overrides(clust
         # NCCL reads its file when a job initialises it: no Ray restart for an NCCL change.
         assert invocation_ids(lab) == before
     finally:
-        rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
         assert rc == 0, out[-4000:]
     assert all(e["NCCL_SOCKET_IFNAME"] == "=ib0" for e, _ in nccl_seen_by_ray_tasks(lab).values())
 
 
 def test_ray_extra_env_refuses_nccl_settings(cluster, lab):
-    rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e",
+    rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e",
                                   json.dumps({"ray_extra_env": {"NCCL_SOCKET_IFNAME": "=eth0"}}))
     assert rc != 0
     assert "ray_extra_env sets NCCL_SOCKET_IFNAME" in " ".join(out.split())
@@ -154,18 +154,6 @@ def listening(name):
     return found
 
 
-def connect_from_controller(ip, port):
-    """The controller is on both lab networks (bridge gateway) and is not a cluster member."""
-    import socket
-    try:
-        with socket.create_connection((ip, port), timeout=3):
-            return "open"
-    except socket.timeout:
-        return "timeout"
-    except OSError as err:
-        return f"error {err.errno}"
-
-
 def test_every_port_ray_listens_on_is_closed_to_a_host_outside_the_cluster(cluster, lab):
     exposed = []
     for name, hvars in lab.items():
@@ -178,7 +166,7 @@ def test_every_port_ray_listens_on_is_closed_to_a_host_outside_the_cluster(clust
         for address, port in sorted(sockets):
             targets = [hvars["ansible_host"], hvars["lab_fabric_ip"]] if address in ("0.0.0.0", "::") else [address]
             for ip in targets:
-                result = connect_from_controller(ip, port)
+                result = labkit.probe_from_controller(ip, port)
                 if result == "open":
                     exposed.append(f"{name} {address}:{port} reachable at {ip}:{port}")
     assert not exposed, exposed
@@ -198,7 +186,7 @@ def test_an_interrupted_token_rotation_is_finished_by_the_next_run(cluster, lab)
     controller_token.unlink()
 
     # 1. A bad input anywhere stops the run before any node changes.
-    rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", '{"firewall_admin_cidrs":["10.0.0.0/33"]}')
+    rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", '{"firewall_admin_cidrs":["10.0.0.0/33"]}')
     assert rc != 0 and "firewall_admin_cidrs" in out and "Traceback" not in out, out[-3000:]
     assert {token_sha(n) for n in lab} == {old_sha}
     for name in lab:
@@ -209,7 +197,7 @@ def test_an_interrupted_token_rotation_is_finished_by_the_next_run(cluster, lab)
     broken = f"{P}-worker2"
     labkit.sh(broken, "mv /etc/raymetal /etc/raymetal.saved && touch /etc/raymetal")
     try:
-        rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
     finally:
         labkit.sh(broken, "rm -f /etc/raymetal && mv /etc/raymetal.saved /etc/raymetal")
     assert rc != 0, out[-3000:]
@@ -221,7 +209,7 @@ def test_an_interrupted_token_rotation_is_finished_by_the_next_run(cluster, lab)
         assert labkit.sh(name, "test -s /etc/ray/.restart-pending", check=False).returncode == 0, name
 
     # 3. ... is paid by the next clean run, which changes no file itself: every node restarts with the new token.
-    rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
     assert rc == 0, out[-4000:]
     after = invocation_ids(lab)
     assert all(after[n] != before[n] for n in lab), (before, after)
@@ -238,8 +226,8 @@ def test_an_interrupted_token_rotation_is_finished_by_the_next_run(cluster, lab)
     assert proc.returncode != 0, proc.stdout + proc.stderr
     # And a rerun is quiet again, and as a default run prints no deprecation warning and no traceback; even
     # with -v the token shows nowhere: not in the output, process lists, units or the journal.
-    rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-v")
-    assert rc == 0 and all(c["changed"] == 0 for c in labkit.recap(out).values()), labkit.recap(out)
+    rc, out, recap = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-v")
+    assert rc == 0 and recap and all(c["changed"] == 0 for c in recap.values()), recap
     assert "DEPRECATION WARNING" not in out and "Traceback" not in out
     assert new_token not in out
     for name in lab:
@@ -256,11 +244,11 @@ def test_a_bad_ray_setting_stops_the_run_before_any_role_writes(cluster, lab):
     try:
         # Ray's preflight fails (object store larger than /dev/shm); the fabric role, which comes first and writes
         # the memlock file, must not have written it.
-        rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", '{"ray_object_store_memory": 1099511627776}')
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", '{"ray_object_store_memory": 1099511627776}')
         assert rc != 0 and "ray_object_store_memory" in out and "Traceback" not in out, out[-3000:]
         assert labkit.sh(name, f"test -e {limits}", check=False).returncode == 1, "written before the checks passed"
     finally:
-        rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
         assert rc == 0, out[-3000:]
     assert labkit.sh(name, f"test -e {limits}", check=False).returncode == 0
 

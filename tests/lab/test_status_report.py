@@ -51,7 +51,7 @@ def status_playbook(*args):
 
 
 def test_status_prints_one_table_and_exits_0_when_all_alive(cluster, lab):
-    rc, out = status_playbook()
+    rc, out, _ = status_playbook()
     assert rc == 0, out
     block = summary(out)
     assert block[0].endswith(f"GCS healthy, {len(lab)} alive, 0 dead"), block
@@ -75,12 +75,12 @@ def test_a_dead_node_fails_status_and_after_site_yml_is_one_alive_row(cluster, l
     try:
         labkit.wait_until(lambda: status(str(labkit.LAB_INVENTORY))["missing"] == [WORKER], 120, interval=5,
                           what=f"status to see {WORKER} missing")
-        rc, out = status_playbook()
+        rc, out, _ = status_playbook()
         assert rc == 2, out
         assert f"TASK [{FAIL_TASK}]" in out
         assert f"not an ALIVE Ray node: {WORKER}." in flat(out)
         assert rows(summary(out), lab)[WORKER][0][2] == "DEAD"
-        rc, out = status_playbook("-e", "raymetal_status_report_only=true")
+        rc, out, _ = status_playbook("-e", "raymetal_status_report_only=true")
         assert rc == 0, out
         assert f"Missing (no ALIVE Ray node at their fabric IP): {WORKER}" in summary(out)
         try:
@@ -90,7 +90,7 @@ def test_a_dead_node_fails_status_and_after_site_yml_is_one_alive_row(cluster, l
             assert err.rc == 2 and WORKER in err.failures[0]["msg"]
     finally:
         # As a user would: rerun the deploy, which starts the stopped unit again.
-        rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, timeout=900)
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, timeout=900)
     assert rc == 0, out
     after = before + 1
     earlier_line = (f"{after} earlier node{'s' if after > 1 else ''} of {WORKER} {'are' if after > 1 else 'is'} dead "

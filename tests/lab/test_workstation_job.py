@@ -90,7 +90,7 @@ def ran_on(output: str) -> dict[str, str]:
 
 
 def test_status_prints_the_readme_tunnel(cluster):
-    rc, out = labkit.run_playbook("playbooks/status.yml", labkit.LAB_INVENTORY, timeout=600)
+    rc, out, _ = labkit.run_playbook("playbooks/status.yml", labkit.LAB_INVENTORY, timeout=600)
     assert rc == 0, out
     assert "from a workstation: " + for_this_lab(readme_block("tunnel")).strip() in out
 
@@ -121,23 +121,23 @@ def test_numpy_is_downloaded_checked_installed_and_used_by_a_job(cluster, lab, n
     # Preflight, with the packages set but the lab's wheelhouse (no numpy): stops, naming it.
     missing = tmp_path / "missing.json"
     missing.write_text(json.dumps({"ray_pip_packages": [NUMPY]}))
-    rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "--check", "-e", f"@{missing}")
+    rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "--check", "-e", f"@{missing}")
     assert rc != 0
     assert f"has no wheel for {NUMPY}" in flat(out) and "playbooks/wheelhouse.yml" in flat(out), out[-3000:]
     assert "Traceback" not in out
 
     # The builder fetches numpy (and only what is new), then a rerun changes nothing.
-    rc, out = labkit.run_playbook("playbooks/wheelhouse.yml", labkit.LAB_INVENTORY, "-e", f"@{extra}")
+    rc, out, recap = labkit.run_playbook("playbooks/wheelhouse.yml", labkit.LAB_INVENTORY, "-e", f"@{extra}")
     assert rc == 0, out
-    assert labkit.recap(out)[head]["changed"] == 1, out
+    assert recap[head]["changed"] == 1, out
     assert [p.name.split("-")[1] for p in numpy_wheelhouse.glob("numpy-*.whl")] == ["2.4.6"]
     assert re.search(r"added: numpy-2\.4\.6-cp311-", flat(out)), out
-    rc, out = labkit.run_playbook("playbooks/wheelhouse.yml", labkit.LAB_INVENTORY, "-e", f"@{extra}")
-    assert rc == 0 and labkit.recap(out)[head]["changed"] == 0, out
+    rc, out, recap = labkit.run_playbook("playbooks/wheelhouse.yml", labkit.LAB_INVENTORY, "-e", f"@{extra}")
+    assert rc == 0 and recap[head]["changed"] == 0, out
     assert "added: nothing" in flat(out)
 
     # Deploy from it: numpy lands in every venv, and a job uses it on every node.
-    rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", f"@{extra}")
+    rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", f"@{extra}")
     assert rc == 0, out[-5000:]
     output = submit_from_workstation()
     assert ran_on(output) == {h: "numpy 2.4.6 (check 6)" for h in lab}, output[-3000:]

@@ -85,3 +85,22 @@ def test_the_sample_inventory_lists_every_role_variable_and_is_current():
         specs = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
         missing = [n for n in specs["main"]["options"] if f"\n# {n}: " not in sample]
         assert missing == [], f"{role}: not in the sample inventory: {missing}"
+
+
+def _role_calls():
+    """(file, role, tasks file) for every role a playbook imports or includes by tasks_from."""
+    for path in sorted((ROOT / "playbooks").rglob("*.yml")):
+        for match in re.finditer(r"name: (?:raymetal\.cluster\.)?(\w+)\n\s+tasks_from: ([\w-]+)\.yml", path.read_text()):
+            yield path.relative_to(ROOT), match.group(1), match.group(2)
+
+
+def test_every_entry_point_a_playbook_calls_has_an_argument_spec():
+    """A tasks_from without a spec entry is called with unchecked variables (Ansible validates only specced entry points)."""
+    calls = list(_role_calls())
+    assert len(calls) > 10, calls
+    unspecced = []
+    for path, role, entry in calls:
+        specs = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+        if entry not in specs:
+            unspecced.append(f"{path}: {role} tasks_from {entry}.yml")
+    assert unspecced == []
