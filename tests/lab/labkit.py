@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -147,6 +148,26 @@ def probe_from(container: str, ip: str, port: int, timeout: float = 3) -> str:
     if proc.returncode != 0:
         raise AssertionError(f"{container}: the port probe did not run ({proc.returncode}): {proc.stderr}")
     return proc.stdout.strip()
+
+
+def alive_nodes(lab: dict[str, dict]) -> dict[str, str]:
+    """{fabric IP: Ray node ID} of the ALIVE nodes, from the head's state API over the fabric (with the token).
+
+    {} while the API does not answer (a head restarting); never raises for that.
+    """
+    ip = lab[HEAD]["lab_fabric_ip"]
+    proc = sh(HEAD, f"curl -s -m 10 -H \"Authorization: Bearer $(cat /etc/ray/auth_token)\" "
+                    f"http://{ip}:8265/api/v0/nodes?detail=true", check=False)
+    try:
+        nodes = json.loads(proc.stdout)["data"]["result"]["result"]
+    except (ValueError, KeyError, TypeError):
+        return {}
+    return {n["node_ip"]: n["node_id"] for n in nodes if n["state"] == "ALIVE"}
+
+
+def alive_ips(lab: dict[str, dict]) -> set[str]:
+    """Fabric IPs of the ALIVE nodes (see alive_nodes)."""
+    return set(alive_nodes(lab))
 
 
 def wait_until(predicate, timeout: float, interval: float = 2.0, what: str = "condition"):

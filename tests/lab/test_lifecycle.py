@@ -7,7 +7,6 @@ deploys it again on the same hosts.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -61,22 +60,6 @@ def running_ray(lab):
         )
         for name in lab
     }
-
-
-def alive_ips(lab):
-    """Fabric IPs of the ALIVE nodes, read from the head's API over the fabric."""
-    ip = lab[HEAD]["lab_fabric_ip"]
-    proc = labkit.sh(
-        HEAD,
-        f"curl -s -m 10 -H \"Authorization: Bearer $(cat /etc/ray/auth_token)\" "
-        f"http://{ip}:8265/api/v0/nodes?detail=true",
-        check=False,
-    )
-    try:
-        nodes = json.loads(proc.stdout)["data"]["result"]["result"]
-    except (ValueError, KeyError, TypeError):
-        return set()
-    return {n["node_ip"] for n in nodes if n["state"] == "ALIVE"}
 
 
 def listing(name):
@@ -135,7 +118,7 @@ def test_upgrade_to_a_version_missing_from_the_wheelhouse_leaves_the_cluster_run
     assert f"ray_version={MISSING_VERSION} is not in the wheelhouse" in " ".join(out.split()), out
     # Nothing stopped, nothing restarted, nothing rewritten.
     assert running_ray(lab) == before
-    assert alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
+    assert labkit.alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
     for name in lab:
         assert labkit.sh(name, "md5sum /etc/ray/ray.env /etc/systemd/system/ray-*.service").stdout == files_before[name]
         assert unit_state(lab, name, "ActiveState")["ActiveState"] == "active", name
@@ -165,7 +148,7 @@ def test_stop_keeps_the_cluster_down_across_a_reboot_and_site_starts_it_again(cl
     seconds = time.monotonic() - started
     print(f"\nstop.yml then site.yml: every node back in {seconds:.1f} s")
     assert rc == 0, out
-    assert alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
+    assert labkit.alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
     for name in lab:
         state = unit_state(lab, name, "ActiveState", "UnitFileState")
         assert state == {"ActiveState": "active", "UnitFileState": "enabled"}, (name, state)
@@ -213,4 +196,4 @@ def test_teardown_leaves_the_nodes_as_before_the_first_deploy_and_a_redeploy_wor
     assert leftovers == {name: ("", "", False) for name in lab}
     rc, out = rc2, out2
     assert rc == 0, out
-    assert alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
+    assert labkit.alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}

@@ -46,13 +46,6 @@ def api(lab, path, *, token=True, on=HEAD):
     return int(code), body
 
 
-def alive_nodes(lab):
-    code, body = api(lab, "/api/v0/nodes?detail=true")
-    assert code == 200, body
-    nodes = json.loads(body)["data"]["result"]["result"]
-    return {n["node_ip"]: n["node_id"] for n in nodes if n["state"] == "ALIVE"}
-
-
 def counting_deploy(inventory):
     changed = []
 
@@ -136,7 +129,8 @@ def test_a_node_without_the_right_token_is_refused(cluster, lab, auth):
         "--runtime-env-agent-port=7382 --dashboard-agent-grpc-port=7383 --dashboard-agent-listen-port=7384 "
         "--metrics-export-port=7385 --min-worker-port=20002 --max-worker-port=20100 --disable-usage-stats"
     )
-    before = alive_nodes(lab)
+    before = labkit.alive_nodes(lab)
+    assert len(before) == len(lab), before
     try:
         proc = labkit.sh(labkit.WORKER2, script, check=False, timeout=180, user="ray")
     finally:
@@ -145,7 +139,7 @@ def test_a_node_without_the_right_token_is_refused(cluster, lab, auth):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert any(s in out for s in ("InvalidAuthToken", "AuthenticationError", "Unauthenticated", "UNAUTHENTICATED")), out
-    assert alive_nodes(lab) == before
+    assert labkit.alive_nodes(lab) == before
 
 
 def test_rerun_changes_nothing_and_keeps_nodes_and_jobs(cluster, lab):
@@ -157,10 +151,11 @@ def test_rerun_changes_nothing_and_keeps_nodes_and_jobs(cluster, lab):
     )
     try:
         labkit.wait_until(lambda: job_status(lab, job_id) == "RUNNING", 120, what=f"job {job_id} RUNNING")
-        nodes_before, units_before = alive_nodes(lab), invocation_ids(lab)
+        nodes_before, units_before = labkit.alive_nodes(lab), invocation_ids(lab)
+        assert len(nodes_before) == len(lab), nodes_before
         facts, changed = counting_deploy(labkit.LAB_INVENTORY)
         assert changed == [], changed
-        assert alive_nodes(lab) == nodes_before
+        assert labkit.alive_nodes(lab) == nodes_before
         assert invocation_ids(lab) == units_before
         assert job_status(lab, job_id) == "RUNNING"
         assert facts["nodes_alive"] == 3
@@ -204,11 +199,11 @@ def test_a_worker_only_change_restarts_only_that_worker(cluster, lab, tmp_path):
 def test_a_killed_raylet_comes_back_by_itself(cluster, lab):
     name = labkit.WORKER2
     ip = lab[name]["lab_fabric_ip"]
-    old_id = alive_nodes(lab)[ip]
+    old_id = labkit.alive_nodes(lab)[ip]
     labkit.sh(name, "pkill -9 -x raylet")
-    labkit.wait_until(lambda: alive_nodes(lab).get(ip) not in (None, old_id), 180, interval=3,
+    labkit.wait_until(lambda: labkit.alive_nodes(lab).get(ip) not in (None, old_id), 180, interval=3,
                       what=f"{name} back as a new alive node")
-    assert len(alive_nodes(lab)) == 3
+    assert len(labkit.alive_nodes(lab)) == 3
     restarts = labkit.sh(name, "systemctl show -p NRestarts --value ray-worker").stdout.strip()
     assert int(restarts) >= 1
 

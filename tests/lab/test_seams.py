@@ -263,12 +263,6 @@ def journal_cursor(name):
     return labkit.sh(name, "journalctl -n 0 --show-cursor --no-pager | tail -1").stdout.split("cursor: ", 1)[1].strip()
 
 
-def alive_ips(lab):
-    out = labkit.sh(HEAD, f"curl -s -m 10 -H \"Authorization: Bearer $(cat /etc/ray/auth_token)\" "
-                          f"http://{lab[HEAD]['lab_fabric_ip']}:8265/api/v0/nodes?detail=true").stdout
-    return {n["node_ip"] for n in json.loads(out)["data"]["result"]["result"] if n["state"] == "ALIVE"}
-
-
 def test_ray_does_not_start_when_its_address_left_the_fabric_interface(cluster, lab):
     name = f"{P}-worker2"
     ip = lab[name]["lab_fabric_ip"]
@@ -285,7 +279,7 @@ def test_ray_does_not_start_when_its_address_left_the_fabric_interface(cluster, 
     finally:
         labkit.sh(name, "ip link set fab9 down && ip link set fab9 name ib0 && ip link set ib0 up")
     # The NIC is back: systemd's next retry starts Ray and the node rejoins by itself.
-    labkit.wait_until(lambda: ip in alive_ips(lab), 180, interval=3, what=f"{name} alive again")
+    labkit.wait_until(lambda: ip in labkit.alive_ips(lab), 180, interval=3, what=f"{name} alive again")
 
 
 def test_an_unreadable_token_stops_the_restart_loop_with_a_clear_message(cluster, lab):
@@ -307,4 +301,4 @@ def test_an_unreadable_token_stops_the_restart_loop_with_a_clear_message(cluster
         labkit.sh(name, "chmod 600 /etc/ray/auth_token")
     # The next deploy would also fix the mode; here the operator restarts the unit by hand.
     labkit.sh(name, "systemctl restart ray-worker")
-    labkit.wait_until(lambda: lab[name]["lab_fabric_ip"] in alive_ips(lab), 180, interval=3, what=f"{name} alive")
+    labkit.wait_until(lambda: lab[name]["lab_fabric_ip"] in labkit.alive_ips(lab), 180, interval=3, what=f"{name} alive")
