@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+from ansible_collections.raymetal.cluster.plugins.plugin_utils.ssh_tunnel import tunnel_command
 
 # Prometheus job of each Ray metrics port the ray role publishes in ray_ports
 # (entries flagged metrics: true); any other flagged port gets "ray_<name>".
@@ -92,25 +92,7 @@ def monitoring_tunnel_command(address, port, ssh=None):
     ssh: host, user, port, key, common_args as Ansible reaches the host; cwd: key paths under it
     are shown relative to it.
     """
-    ssh = ssh or {}
-    cmd = ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", "-L", "%d:%s:%d" % (int(port), address, int(port))]
-    if ssh.get("port") not in (None, "", 22, "22"):
-        cmd += ["-p", str(ssh["port"])]
-    key = str(ssh.get("key") or "")
-    if key:
-        # Shown relative to the directory the playbook ran from, as the Ray summary does.
-        key = os.path.normpath(os.path.expanduser(key))
-        cwd = str(ssh.get("cwd") or "")
-        if cwd and os.path.isabs(key) and key.startswith(os.path.normpath(cwd) + os.sep):
-            key = os.path.relpath(key, cwd)
-        cmd += ["-i", key]
-    if ssh.get("common_args"):
-        cmd += [str(ssh["common_args"]).strip()]
-    target = str(ssh.get("host") or "?")
-    if ssh.get("user"):
-        target = "%s@%s" % (ssh["user"], target)
-    cmd.append(target)
-    return " ".join(cmd)
+    return tunnel_command(address, port, ssh)
 
 
 class FilterModule(object):

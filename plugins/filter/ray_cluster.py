@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
+from ansible_collections.raymetal.cluster.plugins.plugin_utils.ssh_tunnel import tunnel_command
+
 GIB = float(2**30)
 
 DOCUMENTATION_RAY_FABRIC_IPS = """
@@ -145,22 +147,6 @@ def ray_access_lines(facts, ssh=None):
         ip = port = None
     if not ip or not port:
         return ["Dashboard and job API: %s (token required)" % (address or "?")]
-    cmd = ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", "-L", "%d:%s:%d" % (port, ip, port)]
-    if ssh.get("port") not in (None, "", 22, "22"):
-        cmd += ["-p", str(ssh["port"])]
-    key = str(ssh.get("key") or "")
-    if key:
-        key = os.path.normpath(os.path.expanduser(key))
-        cwd = str(ssh.get("cwd") or "")
-        if cwd and os.path.isabs(key) and key.startswith(os.path.normpath(cwd) + os.sep):
-            key = os.path.relpath(key, cwd)
-        cmd += ["-i", key]
-    if ssh.get("common_args"):
-        cmd += [str(ssh["common_args"]).strip()]
-    target = str(ssh.get("host") or "?")
-    if ssh.get("user"):
-        target = "%s@%s" % (ssh["user"], target)
-    cmd.append(target)
     token_file = str(ssh.get("token_file") or "")
     if token_file:
         token_file = os.path.normpath(token_file)
@@ -169,7 +155,7 @@ def ray_access_lines(facts, ssh=None):
             token_file = os.path.relpath(token_file, cwd)
     return [
         "Dashboard and job API: %s (token required)" % address,
-        "  from a workstation: %s" % " ".join(cmd),
+        "  from a workstation: %s" % tunnel_command(ip, port, ssh),
         "  then: RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=%s ray job submit --address http://127.0.0.1:%d -- python job.py"
         % (token_file or "<controller copy of the token>", port),
         "  on a node: set -a; . /etc/ray/ray.env; set +a; ray job submit --address %s -- python job.py" % address,

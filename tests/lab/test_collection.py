@@ -1,10 +1,13 @@
 """raymetal as a collection: build it, install it into an empty project, use it by FQCN on the lab.
 
 The empty project has only an ansible.cfg (collections_path, SSH settings and
-the inventory ignore pattern the README gives for collection users) and a playbook; the roles, modules and module_utils come from the installed
-collection alone. The role's own tasks call fabric_facts by its short name:
-that it resolves (and imports its module_utils through
-ansible_collections.raymetal.cluster) is part of what is tested.
+the inventory ignore pattern the README gives for collection users) and a playbook; the roles, modules,
+filters, plugin_utils and playbooks come from the installed collection alone. The role's own tasks call
+fabric_facts by its short name: that it resolves (and imports its module_utils through
+ansible_collections.raymetal.cluster) is part of what is tested. Then the real deploy,
+`ansible-playbook raymetal.cluster.site`, runs from that project on the already-deployed lab: every
+filter the roles call (by FQCN) must resolve in the installed collection, and the rerun must change
+nothing and restart no Ray unit.
 """
 
 from __future__ import annotations
@@ -53,7 +56,18 @@ def readme_inventory_section():
     return textwrap.dedent(text[start:text.index("\n\n", start)]) + "\n"
 
 
-def test_collection_builds_installs_and_runs_by_fqcn(lab, tmp_path):
+def ray_main_pids(lab):
+    """{host: MainPID of its ray-head or ray-worker unit}, read with docker exec (containers are named as hosts)."""
+    pids = {}
+    for host, hvars in lab.items():
+        unit = "ray-head" if hvars["group"] == "ray_head" else "ray-worker"
+        pid = labkit.sh(host, "systemctl show -p MainPID --value %s" % unit).stdout.strip()
+        assert pid.isdigit() and pid != "0", (host, unit, pid)
+        pids[host] = pid
+    return pids
+
+
+def test_collection_builds_installs_and_runs_by_fqcn(lab, cluster, tmp_path):
     bin_dir = labkit.VENV_BIN
     dist = tmp_path / "dist"
     _run([bin_dir / "ansible-galaxy", "collection", "build", "--output-path", dist, labkit.ROOT], cwd=tmp_path)
@@ -106,3 +120,17 @@ def test_collection_builds_installs_and_runs_by_fqcn(lab, tmp_path):
     assert role_tasks, sorted(tasks)
     for host in lab:
         assert tasks[role_tasks[0]][host].get("failed") is not True
+
+    # The real deploy by FQCN, from the empty project, on the lab the `cluster` fixture deployed:
+    # a no-op rerun that needs every role's filters (raymetal.cluster.*) from the installed collection.
+    env.pop("ANSIBLE_STDOUT_CALLBACK")
+    before = ray_main_pids(lab)
+    out = _run([bin_dir / "ansible-playbook", "raymetal.cluster.site", "-i", labkit.LAB_INVENTORY],
+               cwd=project, env=env, timeout=900)
+    stats = labkit.recap(out)
+    # Every lab node, and localhost (the play that keeps the token on the controller).
+    assert set(lab) <= set(stats), out[-4000:]
+    for host, counts in stats.items():
+        assert counts["failed"] == 0 and counts["unreachable"] == 0, (host, counts)
+        assert counts["changed"] == 0, (host, counts, out[-4000:])
+    assert ray_main_pids(lab) == before, "a Ray unit restarted"

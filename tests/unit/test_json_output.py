@@ -23,7 +23,7 @@ PLAYBOOK = """\
         msg: hello from raymetal
     - name: Use a project filter
       ansible.builtin.debug:
-        msg: "{{ {} | ipv4_by_interface }}"
+        msg: "{{ {} | raymetal.cluster.ipv4_by_interface }}"
 """
 
 
