@@ -87,7 +87,7 @@ def test_units_run_as_ray_with_the_limits_rdma_needs(cluster, lab):
         assert props["LimitMEMLOCK"] == "infinity"
         assert props["LimitNOFILE"] == "1048576"
         assert props["TasksMax"] == "infinity"
-        assert props["KillMode"] == "control-group"
+        assert props["KillMode"] == "mixed"
         assert props["Restart"] == "always"
         assert props["NoNewPrivileges"] == "yes"
         assert props["ProtectSystem"] == "strict"

@@ -1,4 +1,5 @@
-"""A node that reboots (a container restart, the lab's stand-in) comes back into the cluster by itself.
+"""Failures the cluster recovers from by itself: a node that reboots (a container restart, the lab's stand-in)
+comes back into the cluster; a GCS killed with -9 restarts the head at once and every worker rejoins.
 
 The lab's image renames the fabric NIC to ib0 at every boot (a real NIC keeps its name), the Ray unit is
 enabled, the firewall unit reloads the rules, and the worker waits for the head and rejoins.
@@ -29,3 +30,29 @@ def test_a_rebooted_worker_rejoins_with_its_fabric_nic_and_firewall(cluster, lab
     # The firewall came back with it: the raylet is still closed to the management network.
     assert labkit.probe_from_controller(lab[name]["ansible_host"], 6380) == "timeout"
     assert len(labkit.alive_ips(lab)) == len(lab)
+
+
+def test_a_gcs_killed_with_sigkill_brings_the_whole_cluster_back(cluster, lab):
+    """kill -9 of the GCS: the head's unit restarts at once (no stop timeout), the workers rejoin the new GCS."""
+    before = labkit.alive_nodes(lab)
+    assert len(before) == len(lab), before
+    since = labkit.sh(HEAD, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
+    start = time.monotonic()
+    labkit.sh(HEAD, "kill -9 $(pgrep -x gcs_server)")
+    back = {}
+
+    def every_node_rejoined():
+        now = labkit.alive_nodes(lab)
+        for ip, node_id in now.items():
+            if node_id not in before.values():
+                back.setdefault(ip, round(time.monotonic() - start, 1))
+        return len(back) == len(lab)
+
+    labkit.wait_until(every_node_rejoined, 240, interval=2, what="every node back in a new cluster after kill -9 of the GCS")
+    print(f"\nkill -9 gcs_server -> head back in {back[lab[HEAD]['lab_fabric_ip']]} s, every node in "
+          f"{max(back.values())} s ({back})")
+    journal = labkit.sh(HEAD, f"journalctl -u ray-head --no-pager --since '{since}'").stdout
+    # Ray ended the rest itself; nothing was left to wait for (with KillMode=control-group, orphaned workers that
+    # ignore SIGTERM held the unit for TimeoutStopSec, 60 s, before systemd could restart it).
+    assert "Remaining processes will be killed" in journal, journal[-3000:]
+    assert "timed out" not in journal and "Failed with result" not in journal, journal[-3000:]
