@@ -123,14 +123,13 @@ def test_collection_builds_installs_and_runs_by_fqcn(lab, cluster, tmp_path):
 
     # The real deploy by FQCN, from the empty project, on the lab the `cluster` fixture deployed:
     # a no-op rerun that needs every role's filters (raymetal.cluster.*) from the installed collection.
-    env.pop("ANSIBLE_STDOUT_CALLBACK")
     before = ray_main_pids(lab)
-    out = _run([bin_dir / "ansible-playbook", "raymetal.cluster.site", "-i", labkit.LAB_INVENTORY],
-               cwd=project, env=env, timeout=900)
-    stats = labkit.recap(out)
+    out, err = _run([bin_dir / "ansible-playbook", "raymetal.cluster.site", "-i", labkit.LAB_INVENTORY],
+                    cwd=project, env=env, timeout=900, split=True)
+    stats = json.loads(out)["stats"]
     # Every lab node, and localhost (the play that keeps the token on the controller).
-    assert set(lab) <= set(stats), out[-4000:]
+    assert set(lab) <= set(stats), (stats, err[-4000:])
     for host, counts in stats.items():
-        assert counts["failed"] == 0 and counts["unreachable"] == 0, (host, counts)
-        assert counts["changed"] == 0, (host, counts, out[-4000:])
+        assert counts["failures"] == 0 and counts["unreachable"] == 0, (host, counts)
+        assert counts["changed"] == 0, (host, counts)
     assert ray_main_pids(lab) == before, "a Ray unit restarted"
