@@ -21,7 +21,7 @@ FAIL_TASK = "Fail when an inventory host is not an alive Ray node"
 
 def summary(output: str) -> list[str]:
     """The lines of the summary message as printed (the block under `msg: |-`)."""
-    start = output.index("TASK [Show the Ray cluster summary]")
+    start = output.index("TASK [ray : Show the Ray cluster summary]")
     lines = output[start:].splitlines()
     first = next(i for i, line in enumerate(lines) if line.strip() == "msg: |-")
     block = []
