@@ -61,6 +61,7 @@ unit: venv deps ## Unit tests (modules, filters, fixtures)
 molecule: venv deps ## Molecule scenarios (each with its idempotence step)
 	@bash $(LAB) image
 	@bash $(LAB) wheelhouse
+	@bash $(LAB) mirror-build >/dev/null
 	@export RAYMETAL_LAB_IMAGE=$$(bash $(LAB) image-name) RAYMETAL_CACHE=$${RAYMETAL_CACHE:-$$HOME/.cache/raymetal}; \
 	for s in $(MOLECULE_SCENARIOS); do \
 	  echo "=== molecule test -s $$s"; \

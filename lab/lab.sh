@@ -7,6 +7,7 @@
 #   lab/lab.sh image    build the node image only (cached)
 #   lab/lab.sh wheelhouse  build the offline wheelhouse only (cached)
 #   lab/lab.sh mirror   build (once) and serve the lab's Debian package mirror
+#   lab/lab.sh mirror-build  build (once) the mirror's directory only (molecule serves it itself)
 #   lab/lab.sh promtool-path  where `make deps` put promtool (for the unit tests)
 #
 # Every node boots systemd as PID 1 and runs sshd; Ansible reaches it over the
@@ -446,6 +447,7 @@ case ${1:-} in
   image) cmd_image ;;
   wheelhouse) cmd_wheelhouse ;;
   mirror) cmd_mirror ;;
+  mirror-build) ensure_docker; cmd_image; build_mirror; echo "$LAB_MIRROR_DIR" ;;
   image-name) echo "$LAB_IMAGE" ;;
-  *) echo "usage: $0 deps|promtool-path|up|down|status|image|wheelhouse|mirror|image-name" >&2; exit 2 ;;
+  *) echo "usage: $0 deps|promtool-path|up|down|status|image|wheelhouse|mirror|mirror-build|image-name" >&2; exit 2 ;;
 esac

@@ -12,6 +12,8 @@ RAY_JOBS = {
     "dashboard_metrics": "ray_dashboard",
 }
 NODE_EXPORTER_JOB = "node"
+# dcgm-exporter on the hosts whose monitoring role turned DCGM on (__monitoring_dcgm_on).
+DCGM_JOB = "gpu"
 
 
 def _address(host, addresses):
@@ -21,11 +23,17 @@ def _address(host, addresses):
     return address
 
 
+def _truthy(value):
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
 def _target(address, port):
     return "[%s]:%d" % (address, port) if ":" in address else "%s:%d" % (address, port)
 
 
-def monitoring_scrape_targets(hosts, hostvars, addresses, head_hosts, node_exporter_port):
+def monitoring_scrape_targets(hosts, hostvars, addresses, head_hosts, node_exporter_port, dcgm_exporter_port=None):
     """Return {job: [file_sd entry, ...]}, one entry per host and port, sorted by job and host.
 
     hosts: the cluster's inventory names; hostvars: Ansible's hostvars (each
@@ -34,6 +42,8 @@ def monitoring_scrape_targets(hosts, hostvars, addresses, head_hosts, node_expor
     are scraped. Each entry is {'targets': ['IP:port'], 'labels': {'host':
     inventory name, 'ray_role': head|worker}}. Every job appears for every
     host that runs it, so one Prometheus target is one (host, port).
+    dcgm_exporter_port: the "gpu" job, for hosts whose __monitoring_dcgm_on
+    (the monitoring role's preflight) is true.
     """
     jobs = {}
     head_hosts = set(head_hosts or [])
@@ -54,22 +64,33 @@ def monitoring_scrape_targets(hosts, hostvars, addresses, head_hosts, node_expor
             jobs.setdefault(job, []).append({"targets": [_target(address, int(entry["port"]))], "labels": dict(labels)})
         jobs.setdefault(NODE_EXPORTER_JOB, []).append(
             {"targets": [_target(address, int(node_exporter_port))], "labels": dict(labels)})
+        if dcgm_exporter_port and _truthy(hvars.get("__monitoring_dcgm_on")):
+            jobs.setdefault(DCGM_JOB, []).append(
+                {"targets": [_target(address, int(dcgm_exporter_port))], "labels": dict(labels)})
     return {job: sorted(entries, key=lambda e: e["labels"]["host"]) for job, entries in sorted(jobs.items())}
 
 
-def monitoring_ports(is_monitoring_host, is_head, prometheus_port, node_exporter_port):
+def monitoring_ports(is_monitoring_host, is_head, prometheus_port, node_exporter_port, dcgm_exporter_port=None,
+                     grafana_port=None):
     """Ports this node opens for monitoring, in the firewall role's firewall_ports format.
 
-    node_exporter on every node (a metrics port); Prometheus on the monitoring
-    host, reachable from admin networks (and loopback, where the SSH tunnel
-    arrives); from the cluster too when the monitoring host is not the head,
-    whose dashboard queries it.
+    node_exporter on every node and dcgm-exporter where it runs (metrics
+    ports: open to the scrapers only); Prometheus and Grafana on the
+    monitoring host, reachable from admin networks (and loopback, where the
+    SSH tunnel arrives); from the cluster too when the monitoring host is not
+    the head, whose dashboard queries them.
     """
     ports = [{"name": "node_exporter", "port": int(node_exporter_port), "proto": "tcp", "scope": "all",
               "metrics": True}]
+    if dcgm_exporter_port:
+        ports.append({"name": "dcgm_exporter", "port": int(dcgm_exporter_port), "proto": "tcp", "scope": "all",
+                      "metrics": True})
     if is_monitoring_host:
         ports.append({"name": "prometheus", "port": int(prometheus_port), "proto": "tcp",
                       "scope": "closed" if is_head else "all", "admin": True})
+        if grafana_port:
+            ports.append({"name": "grafana", "port": int(grafana_port), "proto": "tcp",
+                          "scope": "closed" if is_head else "all", "admin": True})
     return ports
 
 

@@ -86,3 +86,22 @@ def test_metrics_only_keeps_metrics_ports_from_the_cluster_and_opens_them_to_the
     plan = fw.firewall_rule_plan(PORTS, "worker", "ib0", cluster, None, scrapers)
     allowed = {(r["name"], r["source"]) for r in plan if r["action"] == "allow"}
     assert ("metrics_export", "10.0.0.2") in allowed
+
+
+def test_dcgm_exporter_is_scraped_where_the_preflight_turned_it_on_only():
+    hostvars = {"h": {"ray_ports": PORTS}, "g": {"ray_ports": PORTS, "__monitoring_dcgm_on": True},
+                "s": {"ray_ports": PORTS, "__monitoring_dcgm_on": "False"}}
+    jobs = mon.monitoring_scrape_targets(["g", "h", "s"], hostvars, {"h": "10.0.0.1", "g": "10.0.0.2", "s": "fd00::3"},
+                                         ["h"], 9100, 9400)
+    assert jobs["gpu"] == [{"targets": ["10.0.0.2:9400"], "labels": {"host": "g", "ray_role": "worker"}}]
+    # Without a port (callers from before DCGM), no gpu job at all.
+    assert "gpu" not in mon.monitoring_scrape_targets(["g"], hostvars, {"g": "10.0.0.2"}, [], 9100)
+
+
+def test_dcgm_and_grafana_ports_follow_the_metrics_and_admin_rules():
+    ports = {p["name"]: p for p in mon.monitoring_ports(True, False, 9090, 9100, 9400, 3000)}
+    assert ports["dcgm_exporter"] == {"name": "dcgm_exporter", "port": 9400, "proto": "tcp", "scope": "all",
+                                      "metrics": True}
+    # Not on the head: the head's dashboard must reach Grafana over the fabric.
+    assert ports["grafana"] == {"name": "grafana", "port": 3000, "proto": "tcp", "scope": "all", "admin": True}
+    assert {p["name"] for p in mon.monitoring_ports(False, False, 9090, 9100, None, 3000)} == {"node_exporter"}

@@ -1,10 +1,12 @@
 """The monitoring role's Prometheus files, rendered by Ansible and checked by promtool.
 
-render.yml renders the role's templates for tests/unit/monitoring/inventory.yml
-(three nodes, as the deploy sees them). promtool (from Debian's prometheus
-package; `make deps` provides it) then checks the rules and the whole
-configuration (file_sd target files included), and runs the alert tests in
-raymetal-alerts.test.yml.
+render.yml runs the role's preflight and renders its templates for
+tests/unit/monitoring/inventory.yml (three nodes as the deploy sees them, one
+with GPUs; Grafana on). promtool (from Debian's prometheus package; `make deps`
+provides it) then checks the rules and the whole configuration (file_sd target
+files included), and runs the alert tests in raymetal-alerts.test.yml. The
+DCGM and Grafana files, which nothing here can run (no GPU, Grafana is not in
+Debian), are checked for structure and for agreeing with each other.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -57,7 +60,7 @@ def run(*args, cwd=None):
 def test_the_rules_pass_promtool_check_rules(rendered):
     rc, out = run("check", "rules", str(rendered / "raymetal-alerts.yml"))
     assert rc == 0, out
-    assert "SUCCESS: 6 rules found" in out, out
+    assert "SUCCESS: 10 rules found" in out, out
 
 
 def test_the_alerts_fire_as_the_rule_tests_say(rendered):
@@ -75,7 +78,7 @@ def test_the_rules_watch_the_mounts_that_hold_the_temp_dir(rendered):
 
 def test_the_targets_cover_every_ray_metrics_port_and_node_exporter_with_host_labels(rendered):
     jobs = json.loads((rendered / "jobs.json").read_text())
-    assert sorted(jobs) == ["node", "ray_autoscaler", "ray_dashboard", "ray_node"]
+    assert sorted(jobs) == ["gpu", "node", "ray_autoscaler", "ray_dashboard", "ray_node"]
     flat = {job: [(e["labels"]["host"], e["targets"]) for e in entries] for job, entries in jobs.items()}
     assert flat["ray_node"] == [("head", ["10.0.0.10:6384"]), ("worker1", ["10.0.0.11:6384"]),
                                 ("worker2", ["10.0.0.12:6384"])]
@@ -85,6 +88,8 @@ def test_the_targets_cover_every_ray_metrics_port_and_node_exporter_with_host_la
     assert flat["ray_autoscaler"] == [("head", ["10.0.0.10:44217"])]
     assert flat["ray_dashboard"] == [("head", ["10.0.0.10:44227"])]
     assert {e["labels"]["ray_role"] for e in jobs["ray_node"]} == {"head", "worker"}
+    # dcgm-exporter only where the GPU detection found GPUs.
+    assert flat["gpu"] == [("worker1", ["10.0.0.11:9400"])]
 
 
 def test_the_configuration_with_its_target_files_passes_promtool_check_config(rendered):
@@ -101,7 +106,7 @@ def test_the_configuration_with_its_target_files_passes_promtool_check_config(re
     assert rc == 0, out
     assert "SUCCESS" in out and "1 rule files found" in out, out
     jobs = [c["job_name"] for c in yaml.safe_load(config)["scrape_configs"]]
-    assert jobs == ["node", "ray_autoscaler", "ray_dashboard", "ray_node"]
+    assert jobs == ["gpu", "node", "ray_autoscaler", "ray_dashboard", "ray_node"]
 
 
 def test_both_daemons_listen_on_the_fabric_address_only(rendered):
@@ -109,3 +114,106 @@ def test_both_daemons_listen_on_the_fabric_address_only(rendered):
     node = (rendered / "prometheus-node-exporter.default").read_text()
     assert "--web.listen-address=10.0.0.10:9100 " in node
     assert "--collector.systemd.unit-include=ray-(head|worker)[.]service" in node
+
+
+def facts(rendered):
+    return json.loads((rendered / "facts.json").read_text())
+
+
+def test_dcgm_runs_on_the_gpu_node_only_and_its_port_is_a_metrics_port(rendered):
+    published = facts(rendered)
+    assert {h: f["__monitoring_dcgm_on"] for h, f in published.items()} == {
+        "head": False, "worker1": True, "worker2": False}
+    ports = {h: {p["name"]: p for p in f["monitoring_ports"]} for h, f in published.items()}
+    assert ports["worker1"]["dcgm_exporter"] == {"name": "dcgm_exporter", "port": 9400, "proto": "tcp",
+                                                 "scope": "all", "metrics": True}
+    assert "dcgm_exporter" not in ports["head"] and "dcgm_exporter" not in ports["worker2"]
+    # Grafana on the monitoring host only, like Prometheus: admin networks and the tunnel.
+    assert ports["head"]["grafana"] == {"name": "grafana", "port": 3000, "proto": "tcp", "scope": "closed",
+                                        "admin": True}
+    assert "grafana" not in ports["worker1"]
+
+
+def test_dcgm_exporter_listens_on_the_fabric_address_with_the_roles_counters(rendered):
+    dropin = (rendered / "dcgm-exporter.dropin.conf").read_text()
+    lines = [line for line in dropin.splitlines() if line.startswith("ExecStart=")]
+    assert lines[0] == "ExecStart=", "the packaged ExecStart must be reset first"
+    assert lines[1].split() == ["ExecStart=/usr/bin/dcgm-exporter", "--address", "10.0.0.11:9400", "--collectors",
+                                "/etc/dcgm-exporter/raymetal-counters.csv", "--remote-hostengine-info",
+                                "localhost:5555"]
+
+
+def counters():
+    text = (ROOT / "roles" / "monitoring" / "files" / "raymetal-dcgm-counters.csv").read_text()
+    rows = [[c.strip() for c in line.split(",", 2)] for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+    return rows
+
+
+def test_the_counters_file_is_dcgm_exporters_format_and_exports_what_the_alerts_read(rendered):
+    rows = counters()
+    assert all(len(r) == 3 and r[0].startswith("DCGM_FI_") and r[1] in ("gauge", "counter") and r[2] for r in rows), rows
+    exported = {r[0] for r in rows}
+    assert len(exported) == len(rows), "a field is listed twice"
+    rules = (rendered / "raymetal-alerts.yml").read_text()
+    used = set(re.findall(r"DCGM_FI_[A-Z0-9_]+", rules))
+    assert used and used <= exported, sorted(used - exported)
+
+
+def test_grafanas_data_source_is_the_prometheus_the_ray_dashboard_uses(rendered):
+    doc = yaml.safe_load((rendered / "grafana-datasource.yml").read_text())
+    assert doc["apiVersion"] == 1
+    [source] = doc["datasources"]
+    head = facts(rendered)["head"]
+    assert source["url"] == head["monitoring_prometheus_url"] == "http://10.0.0.10:9090"
+    # Ray's generated dashboards look the data source up by this name.
+    assert source["name"] == "Prometheus" and source["type"] == "prometheus" and source["isDefault"] is True
+    assert source["uid"] == "raymetal-prometheus"
+
+
+def test_grafana_provisions_rays_dashboards_from_the_session_dir_and_ours_from_its_own(rendered):
+    doc = yaml.safe_load((rendered / "grafana-dashboards.yml").read_text())
+    providers = {p["name"]: p for p in doc["providers"]}
+    assert sorted(providers) == ["ray", "raymetal"]
+    assert all(p["type"] == "file" for p in providers.values())
+    # Where Ray 2.60 writes them (its dashboard's metrics module: <temp dir>/session_latest/metrics/grafana/dashboards).
+    assert providers["ray"]["options"]["path"] == "/var/lib/ray/tmp/session_latest/metrics/grafana/dashboards"
+    assert providers["raymetal"]["options"]["path"] == "/var/lib/grafana/dashboards/raymetal"
+    dropin = (rendered / "grafana.dropin.conf").read_text()
+    assert "Environment=GF_SERVER_HTTP_ADDR=10.0.0.10\n" in dropin
+    assert "Environment=GF_SERVER_HTTP_PORT=3000\n" in dropin
+    assert "Environment=GF_ANALYTICS_REPORTING_ENABLED=false\n" in dropin
+
+
+def test_the_gpu_fabric_dashboard_is_valid_and_reads_only_exported_series(rendered):
+    dash = json.loads((ROOT / "roles" / "monitoring" / "files" / "raymetal-gpu-fabric.json").read_text())
+    assert dash["uid"] == "raymetal-gpu-fabric" and dash["title"]
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)) and len(ids) >= 8
+    exported = {r[0] for r in counters()}
+    for panel in dash["panels"]:
+        assert panel["datasource"]["uid"] == "raymetal-prometheus", panel["title"]
+        assert set(panel["gridPos"]) == {"x", "y", "w", "h"}
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "raymetal-prometheus"
+            fields = set(re.findall(r"DCGM_FI_[A-Z0-9_]+", target["expr"]))
+            assert fields <= exported, (panel["title"], sorted(fields - exported))
+            # every query is valid PromQL (promtool parses it as a rule expression)
+    exprs = [t["expr"].replace("$__rate_interval", "5m").replace("$host", ".*")
+             for p in dash["panels"] for t in p["targets"]]
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": "dashboard:q%d" % i, "expr": e}
+                                                         for i, e in enumerate(exprs)]}]}
+    path = rendered / "dashboard-queries.yml"
+    path.write_text(yaml.safe_dump(rules))
+    rc, out = run("check", "rules", str(path))
+    assert rc == 0, out
+
+
+def test_the_head_tells_its_dashboard_where_prometheus_and_grafana_are(rendered):
+    head = (rendered / "ray.env.head").read_text().splitlines()
+    assert "RAY_PROMETHEUS_HOST=http://10.0.0.10:9090" in head
+    assert "RAY_GRAFANA_HOST=http://10.0.0.10:3000" in head
+    # A browser reaches Grafana through the SSH tunnel the summary prints.
+    assert "RAY_GRAFANA_IFRAME_HOST=http://127.0.0.1:3000" in head
+    worker = (rendered / "ray.env.worker1").read_text()
+    assert "RAY_GRAFANA_HOST" not in worker and "RAY_PROMETHEUS_HOST" not in worker
