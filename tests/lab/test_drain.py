@@ -28,28 +28,16 @@ def unit_state(name):
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
-def alive_ips(lab):
-    ip = lab[HEAD]["lab_fabric_ip"]
-    proc = labkit.sh(HEAD, f"curl -s -m 10 -H \"Authorization: Bearer $(cat /etc/ray/auth_token)\" "
-                           f"'http://{ip}:8265/api/v0/nodes?detail=true&limit=1000'", check=False)
-    try:
-        nodes = json.loads(proc.stdout)["data"]["result"]["result"]
-    except (ValueError, KeyError, TypeError):
-        return set()
-    return {n["node_ip"] for n in nodes if n["state"] == "ALIVE"}
-
-
 def gcs_probe(lab, source):
-    """Exit status of a TCP connect from `source` to the head's GCS port: 0 connected, 124 timed out."""
-    ip = lab[HEAD]["lab_fabric_ip"]
-    return labkit.sh(source, f"timeout 4 bash -c '</dev/tcp/{ip}/6379'", check=False).returncode
+    """A TCP connect from `source` to the head's GCS port: "open", "timeout" (dropped), ..."""
+    return labkit.probe_from(source, lab[HEAD]["lab_fabric_ip"], 6379, timeout=4)
 
 
 def restore(lab):
     """Whatever a test left, deploy again so that the next test finds three alive nodes."""
-    if alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()} and unit_state(WORKER2)["UnitFileState"] == "enabled":
+    if labkit.alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()} and unit_state(WORKER2)["UnitFileState"] == "enabled":
         return
-    rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
     assert rc == 0, out
 
 
@@ -122,7 +110,7 @@ def test_maintenance_drains_a_busy_worker_runs_the_command_and_brings_it_back(cl
         assert labkit.sh(WORKER2, f"test -e {MARKER}", check=False).returncode == 0, "the command did not run"
         assert labkit.sh(WORKER1, f"test -e {MARKER}", check=False).returncode != 0
         assert unit_state(WORKER2) == {"ActiveState": "active", "UnitFileState": "enabled"}
-        assert alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
+        assert labkit.alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
         assert {name: raylet_pid(name) for name in (HEAD, WORKER1)} == others, "another node restarted"
     finally:
         labkit.sh(WORKER2, f"rm -f {RELEASE} {MARKER}", check=False)
@@ -131,10 +119,10 @@ def test_maintenance_drains_a_busy_worker_runs_the_command_and_brings_it_back(cl
 
 def test_remove_node_drains_stops_and_firewalls_the_worker_out_then_site_restores_it(cluster, lab):
     removed_ip = lab[WORKER2]["lab_fabric_ip"]
-    assert gcs_probe(lab, WORKER2) == 0, "worker2 cannot reach the GCS before the removal: the probe proves nothing"
+    assert gcs_probe(lab, WORKER2) == "open", "worker2 cannot reach the GCS before the removal: the probe proves nothing"
     try:
         started = time.monotonic()
-        rc, out = labkit.run_playbook("playbooks/remove-node.yml", labkit.LAB_INVENTORY,
+        rc, out, _ = labkit.run_playbook("playbooks/remove-node.yml", labkit.LAB_INVENTORY,
                                       "-e", f"raymetal_remove_hosts={WORKER2}")
         removal = time.monotonic() - started
         assert rc == 0, out
@@ -145,29 +133,29 @@ def test_remove_node_drains_stops_and_firewalls_the_worker_out_then_site_restore
             rules = labkit.sh(name, "nft list table inet raymetal").stdout
             assert removed_ip not in rules, (name, rules)
             assert lab[WORKER1]["lab_fabric_ip"] in rules and lab[HEAD]["lab_fabric_ip"] in rules, (name, rules)
-        assert gcs_probe(lab, WORKER2) == 124, "the head's firewall still answers worker2"
-        assert alive_ips(lab) == {lab[HEAD]["lab_fabric_ip"], lab[WORKER1]["lab_fabric_ip"]}
+        assert gcs_probe(lab, WORKER2) == "timeout", "the head's firewall still answers worker2"
+        assert labkit.alive_ips(lab) == {lab[HEAD]["lab_fabric_ip"], lab[WORKER1]["lab_fabric_ip"]}
 
         started = time.monotonic()
-        rc, again = labkit.run_playbook("playbooks/remove-node.yml", labkit.LAB_INVENTORY,
+        rc, again, stats = labkit.run_playbook("playbooks/remove-node.yml", labkit.LAB_INVENTORY,
                                         "-e", f"raymetal_remove_hosts={WORKER2}")
         rerun = time.monotonic() - started
         assert rc == 0, again
-        changed = {host: counts["changed"] for host, counts in labkit.recap(again).items()}
+        changed = {host: counts["changed"] for host, counts in stats.items()}
         assert set(changed.values()) == {0}, (changed, again)
 
-        rc, bad = labkit.run_playbook("playbooks/remove-node.yml", labkit.LAB_INVENTORY,
+        rc, bad, _ = labkit.run_playbook("playbooks/remove-node.yml", labkit.LAB_INVENTORY,
                                       "-e", f"raymetal_remove_hosts={HEAD},nosuchhost")
         assert rc != 0 and "Traceback" not in bad
         flat = " ".join(bad.split())
         assert "raymetal_remove_hosts names nosuchhost" in flat and "names the head" in flat, bad
     finally:
         started = time.monotonic()
-        rc, out = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
         restored = time.monotonic() - started
     assert rc == 0, out
     print(f"\nremove-node.yml of {WORKER2}: {removal:.1f} s, rerun {rerun:.1f} s (changed=0); "
           f"site.yml brought it back in {restored:.1f} s")
-    assert alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
+    assert labkit.alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
     assert unit_state(WORKER2) == {"ActiveState": "active", "UnitFileState": "enabled"}
-    assert gcs_probe(lab, WORKER2) == 0
+    assert gcs_probe(lab, WORKER2) == "open"
