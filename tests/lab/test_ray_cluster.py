@@ -104,6 +104,18 @@ def test_units_run_as_ray_with_the_limits_rdma_needs(cluster, lab):
         assert stat == ["600", "ray"], name
 
 
+def test_units_are_hardened_to_5_or_lower_in_systemd_analyze_security(cluster, lab):
+    """The running units' exposure (systemd's own score, 0 safest .. 10), with Ray alive under it."""
+    scores = {}
+    for name in lab:
+        out = labkit.sh(name, f"systemd-analyze security --no-pager {unit_of(lab, name)}.service").stdout
+        scores[name] = float(out.rsplit("Overall exposure level for", 1)[1].split(":", 1)[1].split()[0])
+        caps = labkit.sh(name, "grep -h '^CapEff' /proc/$(pgrep -x raylet)/status").stdout.split()[1]
+        assert int(caps, 16) == 0, (name, caps)  # no capability at all
+    print(f"\nsystemd-analyze security: {scores}")
+    assert all(score <= 5.0 for score in scores.values()), scores
+
+
 def test_one_token_on_every_node_never_in_the_unit(cluster, lab):
     tokens = {labkit.sh(name, "cat /etc/ray/auth_token").stdout.strip() for name in lab}
     assert len(tokens) == 1 and len(tokens.pop()) == 64
@@ -215,3 +227,25 @@ def test_check_mode_on_the_running_cluster_plans_nothing(cluster, lab):
     assert set(lab) <= set(recap)
     assert all(c["changed"] == 0 and c["failed"] == 0 for c in recap.values()), recap
     assert invocation_ids(lab) == before
+
+
+def test_the_session_pruner_removes_old_sessions_never_the_live_one(cluster, lab):
+    """ray-prune-sessions.timer is active; its service, run now, removes a month-old session, keeps the live one."""
+    name = labkit.WORKER1
+    temp = "/var/lib/ray/tmp"
+    old = f"{temp}/session_2020-01-01_00-00-00_000000_1"
+    labkit.sh(name, f"install -d -o ray -g ray {old}/logs && echo x > {old}/logs/raylet.out && chown ray: {old}/logs/raylet.out"
+                    f" && touch -d '30 days ago' {old}")
+    live = labkit.sh(name, f"readlink -e {temp}/session_latest").stdout.strip()
+    raylet = labkit.sh(name, "pgrep -x raylet").stdout.strip()
+    timer = labkit.sh(name, "systemctl is-enabled ray-prune-sessions.timer; systemctl is-active ray-prune-sessions.timer",
+                      check=False).stdout.split()
+    assert timer == ["enabled", "active"], timer
+
+    labkit.sh(name, "systemctl start ray-prune-sessions.service")
+
+    assert labkit.sh(name, f"test -e {old}", check=False).returncode == 1, "the old session is still there"
+    assert live and labkit.sh(name, f"test -d {live}/logs", check=False).returncode == 0, "the live session is gone"
+    assert labkit.sh(name, "pgrep -x raylet").stdout.strip() == raylet
+    journal = labkit.sh(name, "journalctl -u ray-prune-sessions.service -o cat --no-pager | tail -5").stdout
+    assert f"removed {old}" in journal, journal
