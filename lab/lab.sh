@@ -293,6 +293,12 @@ wait_node() {
   die "cannot SSH to $name at $ip after 60 s (systemd state: ${state:-unknown}); try 'docker exec $name journalctl -u ssh'"
 }
 
+# Where a lab node "sits", for the ray role's topology labels (raymetal.io/rack):
+# two nodes per rack, the head and worker1 in rack-1, worker2 and worker3 in rack-2, ...
+lab_topology() {
+  echo "ray_site_topology: {rack: rack-$((($1 - $(node_index head)) / 2 + 1))}"
+}
+
 write_inventory() {
   local mgmt fabric node idx
   mgmt=$(net_base "$LAB_MGMT_SUBNET")
@@ -305,14 +311,14 @@ write_inventory() {
     echo "    ray_head:"
     echo "      hosts:"
     idx=$(node_index head)
-    echo "        $LAB_PREFIX-head: {ansible_host: $mgmt.$idx, lab_fabric_ip: $fabric.$idx}"
+    echo "        $LAB_PREFIX-head: {ansible_host: $mgmt.$idx, lab_fabric_ip: $fabric.$idx, $(lab_topology "$idx")}"
     echo "    ray_worker:"
     if ((LAB_WORKERS > 0)); then
       echo "      hosts:"
       while read -r node; do
         [[ $node == head ]] && continue
         idx=$(node_index "$node")
-        echo "        $LAB_PREFIX-$node: {ansible_host: $mgmt.$idx, lab_fabric_ip: $fabric.$idx}"
+        echo "        $LAB_PREFIX-$node: {ansible_host: $mgmt.$idx, lab_fabric_ip: $fabric.$idx, $(lab_topology "$idx")}"
       done < <(node_names)
     else
       echo "      hosts: {}"

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 from ansible_collections.raymetal.cluster.plugins.plugin_utils.ssh_tunnel import tunnel_command
 
 GIB = float(2**30)
+LABEL_PREFIX = "raymetal.io/"
 
 DOCUMENTATION_RAY_FABRIC_IPS = """
 name: ray_fabric_ips
@@ -68,6 +69,19 @@ def _figures(resources):
             _gib(resources.get("memory", 0)), _gib(resources.get("object_store_memory", 0))]
 
 
+def _shown_labels(labels):
+    """A node's labels as `key=value ...`: raymetal's (prefix left out), the site's own, and Ray's
+    topology label ray.io/gpu-domain; Ray's other ray.io/ labels (node ID, ...) are left out."""
+    shown = []
+    for key, value in sorted((labels or {}).items()):
+        if key.startswith(LABEL_PREFIX):
+            key = key[len(LABEL_PREFIX):]
+        elif key.startswith("ray.io/") and key != "ray.io/gpu-domain":
+            continue
+        shown.append("%s=%s" % (key, value))
+    return " ".join(sorted(shown))
+
+
 def _plural(count, one, many):
     return one if count == 1 else many
 
@@ -115,6 +129,16 @@ def ray_summary_table(facts, expected_nodes=None, hosts=None):
     for host in sorted(earlier):
         lines.append("%d earlier %s of %s %s dead (replaced by its current node; Ray keeps the record)" % (
             earlier[host], _plural(earlier[host], "node", "nodes"), host, _plural(earlier[host], "is", "are")))
+    labelled = []
+    for node in facts.get("nodes") or []:
+        if node.get("state") != "ALIVE":
+            continue
+        shown = _shown_labels(node.get("labels"))
+        if shown:
+            labelled.append("  %s: %s" % (expected.get(node.get("ip"), node.get("hostname") or "?"), shown))
+    if labelled:
+        lines.append("Labels (%s keys without their prefix):" % LABEL_PREFIX)
+        lines += labelled
     missing = sorted(set(facts.get("missing") or []) | set(unknown))
     if missing:
         lines.append("Missing (no ALIVE Ray node at their fabric IP): " + ", ".join(missing))

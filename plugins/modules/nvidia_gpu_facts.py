@@ -139,6 +139,15 @@ ansible_facts:
           elements: dict
           sample:
             - {index: 0, pci_address: "0000:18:00.0", name: "NVIDIA H100 80GB HBM3", driver_version: "570.133.20", memory_total_mib: 81559}
+        fabric_cliques:
+          description:
+            - The NVLink fabric state of each GPU (the Fabric section of C(nvidia-smi -q)); a GPU of a multi-node
+              NVLink domain reports state C(Completed), its clique ID and the domain's cluster UUID, others null.
+              Empty when nvidia-smi has no such section.
+          type: list
+          elements: dict
+          sample:
+            - {pci_address: "0000:18:00.0", state: Completed, status: Success, clique_id: "32766", cluster_uuid: "4b1f..."}
 problems:
   description: Disagreements between nvidia-smi, the PCI bus and O(expected_branch); empty when all agree.
   returned: always
@@ -153,10 +162,10 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 try:  # as a collection (raymetal.cluster)
-    from ansible_collections.raymetal.cluster.plugins.module_utils.raymetal_command import run_c_locale
+    from ansible_collections.raymetal.cluster.plugins.module_utils.raymetal_command import C_LOCALE, run_c_locale
     from ansible_collections.raymetal.cluster.plugins.module_utils.raymetal_sysfs import read_int
 except ImportError:  # as a playbook project (ansible.cfg: module_utils = plugins/module_utils)
-    from ansible.module_utils.raymetal_command import run_c_locale
+    from ansible.module_utils.raymetal_command import C_LOCALE, run_c_locale
     from ansible.module_utils.raymetal_sysfs import read_int
 
 NVIDIA_VENDOR = 0x10DE
@@ -265,6 +274,39 @@ def parse_smi_csv(text):
     }
 
 
+def parse_smi_fabric(text):
+    """The NVLink fabric state of each GPU from `nvidia-smi -q`: the "Fabric" section of every GPU.
+
+    A GPU in a multi-node NVLink domain (GB200 NVL72 and the like) reports State Completed, its clique
+    ID and the domain's cluster UUID; others (H100 HGX, PCIe cards) report N/A. Returns one dict per
+    GPU section, in order: {pci_address, state, status, clique_id, cluster_uuid} (None where N/A).
+    """
+    found = []
+    gpu = None
+    section = None
+    for line in text.splitlines():
+        if line.startswith("GPU "):
+            gpu = {"pci_address": normalize_pci_address(line[4:].strip()), "state": None, "status": None,
+                   "clique_id": None, "cluster_uuid": None}
+            found.append(gpu)
+            section = None
+            continue
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if gpu is None or not stripped:
+            continue
+        if indent == 4:
+            section = stripped if ":" not in stripped else None
+            continue
+        if section == "Fabric" and indent == 8 and ":" in stripped:
+            key, _, value = (part.strip() for part in stripped.partition(":"))
+            value = None if value in ("", "N/A") else value
+            field = {"State": "state", "Status": "status", "CliqueId": "clique_id", "ClusterUUID": "cluster_uuid"}.get(key)
+            if field:
+                gpu[field] = value
+    return found
+
+
 def compare(pci, smi, expected_branch):
     """Every disagreement between the PCI bus, nvidia-smi and the pinned branch, as sentences."""
     problems = []
@@ -312,6 +354,14 @@ def main():
             smi = parse_smi_csv(out)
         except SmiError as exc:
             module.fail_json(msg="cannot parse nvidia-smi output: %s" % exc, stdout=out)
+        # NVLink cliques (multi-node NVLink domains) for the ray.io/gpu-domain label. Best effort: a driver
+        # whose nvidia-smi has no Fabric section gives none, which is also what non-MNNVL GPUs report.
+        rc, query, _ = module.run_command([module.params["nvidia_smi_path"] or module.get_bin_path("nvidia-smi"),
+                                           "-q"], environ_update=C_LOCALE)
+        try:
+            smi["fabric_cliques"] = parse_smi_fabric(query) if rc == 0 else []
+        except SmiError:
+            smi["fabric_cliques"] = []
         facts["nvidia_driver"] = smi
         problems = compare(pci, smi, module.params["expected_branch"])
     module.exit_json(changed=False, ansible_facts=facts, problems=problems)

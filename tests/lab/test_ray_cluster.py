@@ -249,3 +249,38 @@ def test_the_session_pruner_removes_old_sessions_never_the_live_one(cluster, lab
     assert labkit.sh(name, "pgrep -x raylet").stdout.strip() == raylet
     journal = labkit.sh(name, "journalctl -u ray-prune-sessions.service -o cat --no-pager | tail -5").stdout
     assert f"removed {old}" in journal, journal
+
+
+LABELS_JOB = r'''
+import json, sys, ray
+from ray.util.placement_group import placement_group, placement_group_table
+ray.init(address=sys.argv[1], logging_level="ERROR")
+
+@ray.remote(num_cpus=0)
+def where():
+    return ray.util.get_node_ip_address()
+
+on_rack2 = ray.get([where.options(label_selector={"raymetal.io/rack": "rack-2"}).remote() for _ in range(4)])
+# Two bundles of 2 CPUs: no lab node has 4, and rack-2 has one node, so packing by rack puts the
+# bundles on the two nodes of rack-1.
+pg = placement_group([{"CPU": 2}, {"CPU": 2}], topology_strategy={"raymetal.io/rack": "STRICT_PACK"})
+ray.get(pg.ready(), timeout=120)
+by_id = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+bundles = [by_id[node] for node in placement_group_table(pg)["bundles_to_node_id"].values()]
+print("LABELS " + json.dumps({"rack2": on_rack2, "bundles": bundles}))
+'''
+
+
+def test_rack_labels_steer_tasks_and_pack_placement_groups_by_topology(cluster, lab):
+    """Every node carries its derived labels and its rack (lab.sh puts head+worker1 in rack-1, worker2 in rack-2)."""
+    racks = {"rack-1": {head_ip(lab), lab[labkit.WORKER1]["lab_fabric_ip"]}, "rack-2": {lab[labkit.WORKER2]["lab_fabric_ip"]}}
+    for node in cluster["nodes"]:
+        if node["state"] == "ALIVE":
+            assert node["labels"].get("raymetal.io/fabric") == "ethernet", node  # the lab's ib0 has no HCA
+            assert node["ip"] in racks[node["labels"]["raymetal.io/rack"]], node
+    labkit.sh(HEAD, f"cat > /tmp/labels_job.py <<'EOF'\n{LABELS_JOB}\nEOF")
+    out = labkit.sh(HEAD, f"{TOKEN_ENV}; cd /tmp && /opt/ray/venv/bin/python /tmp/labels_job.py {head_ip(lab)}:6379",
+                    timeout=240).stdout
+    seen = json.loads(out.split("LABELS ", 1)[1])
+    assert set(seen["rack2"]) == racks["rack-2"], seen
+    assert set(seen["bundles"]) == racks["rack-1"], seen  # both nodes of rack-1, nothing elsewhere

@@ -215,3 +215,37 @@ def test_module_query_smi_failure_names_the_command_and_output(tmp_path):
     assert kind is FailJson
     assert "rc=9" in result["msg"]
     assert "couldn't communicate with the NVIDIA driver" in result["msg"]
+
+
+# --- NVLink cliques (nvidia-smi -q, Fabric section) -------------------------------------------
+
+
+def test_parse_fabric_of_a_gb200_clique():
+    cliques = mod.parse_smi_fabric((SMI / "gb200-2gpu-q.txt").read_text())
+    assert [c["pci_address"] for c in cliques] == ["0008:01:00.0", "0009:01:00.0"]
+    assert {(c["state"], c["clique_id"], c["cluster_uuid"]) for c in cliques} == {
+        ("Completed", "32766", "4b1f5c2e-7a0d-4e53-9f1b-2d6c8e0a9b31")}
+
+
+def test_parse_fabric_not_applicable_on_h100_hgx():
+    (gpu,) = mod.parse_smi_fabric((SMI / "hgx-h100-1gpu-q.txt").read_text())
+    assert gpu == {"pci_address": "0000:18:00.0", "state": None, "status": None, "clique_id": None,
+                   "cluster_uuid": None}
+
+
+def test_module_reports_cliques_from_a_second_query(tmp_path):
+    script = tmp_path / "nvidia-smi"
+    script.write_text("#!/bin/sh\nif [ \"$1\" = -q ]; then cat '%s'; else cat '%s'; fi\n"
+                      % (SMI / "gb200-2gpu-q.txt", SMI / "hgx-h100-8gpu-570.csv"))
+    script.chmod(0o755)
+    kind, result = run_module({"sysfs_root": sysfs("hgx-h100-8gpu"), "query_smi": True,
+                               "nvidia_smi_path": str(script)})
+    assert kind is ExitJson
+    assert [c["clique_id"] for c in result["ansible_facts"]["nvidia_driver"]["fabric_cliques"]] == ["32766", "32766"]
+
+
+def test_module_without_a_fabric_section_has_no_cliques(tmp_path):
+    kind, result = run_module({"sysfs_root": sysfs("hgx-h100-8gpu"), "query_smi": True,
+                               "nvidia_smi_path": _fake_smi(tmp_path, "hgx-h100-8gpu-570.csv")})
+    assert kind is ExitJson
+    assert result["ansible_facts"]["nvidia_driver"]["fabric_cliques"] == []
