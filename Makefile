@@ -14,7 +14,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # Molecule scenarios run by `make test`, one after another.
 MOLECULE_SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
-.PHONY: help deps venv lab-up lab-down lab-status demo deploy status docs lint unit molecule e2e test test-labs bench clean
+.PHONY: help deps venv lab-up lab-down lab-status demo deploy status docs lint unit molecule e2e test lab-prep test-labs bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -58,10 +58,7 @@ lint: venv ## Role READMEs up to date with their specs, yamllint, ansible-lint (
 unit: venv deps ## Unit tests (modules, filters, fixtures)
 	$(BIN)/pytest -q tests/unit
 
-molecule: venv deps ## Molecule scenarios (each with its idempotence step)
-	@bash $(LAB) image
-	@bash $(LAB) wheelhouse
-	@bash $(LAB) mirror-build >/dev/null
+molecule: venv lab-prep ## Molecule scenarios (each with its idempotence step)
 	@export RAYMETAL_LAB_IMAGE=$$(bash $(LAB) image-name) RAYMETAL_CACHE=$${RAYMETAL_CACHE:-$$HOME/.cache/raymetal}; \
 	for s in $(MOLECULE_SCENARIOS); do \
 	  echo "=== molecule test -s $$s"; \
@@ -71,21 +68,32 @@ molecule: venv deps ## Molecule scenarios (each with its idempotence step)
 e2e: lab-up ## End-to-end tests against the lab
 	$(BIN)/pytest -q --durations=20 tests/lab
 
-test: ## Everything CI runs: lint, unit, then molecule beside the lab end-to-end tests; cleans up after itself
+test: ## Everything CI runs: lint and unit while the lab image builds, then molecule beside the lab end-to-end tests; cleans up
 	@rc=0; \
-	$(MAKE) --no-print-directory lint unit || rc=$$?; \
+	$(MAKE) --no-print-directory deps venv || rc=$$?; \
+	if [ $$rc -eq 0 ]; then \
+	  mkdir -p artifacts; rm -f artifacts/lab-prep.rc; \
+	  echo "=== the lab's image, wheelhouse and package mirror are built beside lint and unit (artifacts/lab-prep.log)"; \
+	  ( $(MAKE) --no-print-directory lab-prep > artifacts/lab-prep.log 2>&1; echo $$? > artifacts/lab-prep.rc ) & prep=$$!; \
+	  $(MAKE) --no-print-directory lint unit || rc=$$?; \
+	  wait $$prep; echo "=== lab image, wheelhouse and mirror (artifacts/lab-prep.log)"; cat artifacts/lab-prep.log; \
+	  [ "$$(cat artifacts/lab-prep.rc 2>/dev/null)" = 0 ] || rc=1; \
+	fi; \
 	[ $$rc -ne 0 ] || $(MAKE) --no-print-directory test-labs || rc=$$?; \
 	$(MAKE) --no-print-directory lab-down || true; \
 	exit $$rc
 
-# The molecule scenarios and the lab tests use their own containers and
-# networks, and both spend most of their time waiting on nodes, so they run
-# side by side (one after the other they took 8 + 34 minutes). Molecule's
-# output goes to artifacts/molecule.log and is printed whole when both end.
-test-labs: deps venv
+# What molecule and the lab share, built once (each step is cached).
+lab-prep: deps
 	@bash $(LAB) image
 	@bash $(LAB) wheelhouse
 	@bash $(LAB) mirror-build >/dev/null
+
+# The molecule scenarios and the lab tests use their own containers and
+# networks, and both spend much of their time waiting on nodes, so they run
+# side by side. Molecule's output goes to artifacts/molecule.log and is
+# printed whole when both end.
+test-labs: lab-prep venv
 	@mkdir -p artifacts; log=artifacts/molecule.log; rm -f $$log artifacts/molecule.rc; \
 	echo "=== molecule scenarios run beside the lab tests; output in $$log, printed when both end"; \
 	( $(MAKE) --no-print-directory molecule > $$log 2>&1; echo $$? > artifacts/molecule.rc ) & mpid=$$!; \

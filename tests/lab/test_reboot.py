@@ -56,3 +56,31 @@ def test_a_gcs_killed_with_sigkill_brings_the_whole_cluster_back(cluster, lab):
     # ignore SIGTERM held the unit for TimeoutStopSec, 60 s, before systemd could restart it).
     assert "Remaining processes will be killed" in journal, journal[-3000:]
     assert "timed out" not in journal and "Failed with result" not in journal, journal[-3000:]
+
+
+def test_a_frozen_worker_is_named_within_a_bounded_wait_and_the_others_are_untouched(cluster, lab):
+    """A worker that hangs (docker pause: its kernel answers TCP, nothing else does) during site.yml:
+    the run names it unreachable and ends within a bounded time (it waited 357 s, mostly for the frozen
+    node to come alive), changing and restarting nothing on the other nodes."""
+    name = f"{P}-worker2"
+    others = [h for h in lab if h != name]
+    before = {h: labkit.sh(h, f"systemctl show -p InvocationID --value {'ray-head' if h == HEAD else 'ray-worker'}").stdout
+              for h in others}
+    subprocess.run(["docker", "pause", name], check=True, capture_output=True)
+    try:
+        start = time.monotonic()
+        rc, out, stats = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, timeout=900)
+        took = time.monotonic() - start
+    finally:
+        subprocess.run(["docker", "unpause", name], check=True, capture_output=True)
+    print(f"\nsite.yml with {name} frozen: exit {rc} after {took:.1f} s")
+    assert rc != 0, out[-3000:]
+    assert stats[name]["unreachable"] >= 1, stats
+    assert f"fatal: [{name}]: UNREACHABLE!" in out, out[-3000:]
+    assert all(stats[h]["changed"] == 0 for h in others), stats
+    for h in others:
+        unit = "ray-head" if h == HEAD else "ray-worker"
+        assert labkit.sh(h, f"systemctl show -p InvocationID --value {unit}").stdout == before[h], f"{h} restarted"
+    assert took < 150, f"the run waited {took:.0f} s for a frozen host"
+    labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, interval=3,
+                      what=f"{name} alive again after it was thawed")

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import subprocess
@@ -155,7 +156,7 @@ def listening(name):
 
 
 def test_every_port_ray_listens_on_is_closed_to_a_host_outside_the_cluster(cluster, lab):
-    exposed = []
+    probes = []  # (what, ip, port)
     for name, hvars in lab.items():
         sockets = listening(name)
         ports = {port for _, port in sockets}
@@ -165,10 +166,12 @@ def test_every_port_ray_listens_on_is_closed_to_a_host_outside_the_cluster(clust
             assert {6379, 8265} <= ports, sorted(ports)
         for address, port in sorted(sockets):
             targets = [hvars["ansible_host"], hvars["lab_fabric_ip"]] if address in ("0.0.0.0", "::") else [address]
-            for ip in targets:
-                result = labkit.probe_from_controller(ip, port)
-                if result == "open":
-                    exposed.append(f"{name} {address}:{port} reachable at {ip}:{port}")
+            probes += [(f"{name} {address}:{port} reachable at {ip}:{port}", ip, port) for ip in targets]
+    # A dropped probe waits for its whole timeout: probe every port at once.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=32) as pool:
+        results = list(pool.map(lambda probe: labkit.probe_from_controller(probe[1], probe[2]), probes))
+    assert len(results) == len(probes) > 3 * len(lab)
+    exposed = [what for (what, _, _), result in zip(probes, results) if result == "open"]
     assert not exposed, exposed
 
 
@@ -240,7 +243,7 @@ def test_an_interrupted_token_rotation_is_finished_by_the_next_run(cluster, lab)
 def test_a_bad_ray_setting_stops_the_run_before_any_role_writes(cluster, lab):
     name = f"{P}-worker1"
     limits = "/etc/security/limits.d/90-raymetal-memlock.conf"
-    labkit.sh(name, f"rm -f {limits}")
+    labkit.sh(name, f"mv {limits} {limits}.test-saved")
     try:
         # Ray's preflight fails (object store larger than /dev/shm); the fabric role, which comes first and writes
         # the memlock file, must not have written it.
@@ -248,9 +251,8 @@ def test_a_bad_ray_setting_stops_the_run_before_any_role_writes(cluster, lab):
         assert rc != 0 and "ray_object_store_memory" in out and "Traceback" not in out, out[-3000:]
         assert labkit.sh(name, f"test -e {limits}", check=False).returncode == 1, "written before the checks passed"
     finally:
-        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
-        assert rc == 0, out[-3000:]
-    assert labkit.sh(name, f"test -e {limits}", check=False).returncode == 0
+        # Put the file back as the deploy wrote it (cheaper than another site.yml run).
+        labkit.sh(name, f"mv {limits}.test-saved {limits}")
 
 
 # --- The unit refuses to start Ray on a broken node -------------------------------------------------------------
