@@ -234,8 +234,8 @@ def test_the_session_pruner_removes_old_sessions_never_the_live_one(cluster, lab
     name = labkit.WORKER1
     temp = "/var/lib/ray/tmp"
     old = f"{temp}/session_2020-01-01_00-00-00_000000_1"
-    labkit.sh(name, f"install -d -o ray -g ray {old}/logs && echo x > {old}/logs/raylet.out && chown ray: {old}/logs/raylet.out"
-                    f" && touch -d '30 days ago' {old}")
+    labkit.sh(name, f"install -d -o ray -g ray {old} {old}/logs && echo x > {old}/logs/raylet.out"
+                    f" && chown ray: {old}/logs/raylet.out && touch -d '30 days ago' {old}")
     live = labkit.sh(name, f"readlink -e {temp}/session_latest").stdout.strip()
     raylet = labkit.sh(name, "pgrep -x raylet").stdout.strip()
     timer = labkit.sh(name, "systemctl is-enabled ray-prune-sessions.timer; systemctl is-active ray-prune-sessions.timer",

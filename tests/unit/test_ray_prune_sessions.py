@@ -59,3 +59,20 @@ def test_a_missing_temp_dir_is_nothing_to_do(tmp_path):
 def test_days_must_be_a_whole_number(tmp_path):
     proc = prune(tmp_path, "7d")
     assert proc.returncode == 2 and "DAYS must be a whole number" in proc.stderr
+
+
+def test_a_session_that_cannot_go_does_not_stop_the_others(tmp_path):
+    temp = tmp_path / "temp"
+    stuck = session(temp, "session_2026-01-01_00-00-00_000001_100", 30)
+    old = session(temp, "session_2026-01-02_00-00-00_000001_200", 30)
+    # An rm that fails on the first session, as it does on files of another user.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "rm").write_text(f"#!/bin/sh\ncase \"$*\" in *{stuck.name}*) echo 'rm: Permission denied' >&2; exit 1;; esac\n"
+                                "exec /bin/rm \"$@\"\n")
+    (bin_dir / "rm").chmod(0o755)
+    proc = subprocess.run(["sh", str(SCRIPT), str(temp), "7"], capture_output=True, text=True, timeout=30,
+                          env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}"))
+    assert proc.returncode == 1, proc
+    assert f"could not remove all of {stuck}" in proc.stderr and "1 could not be removed" in proc.stderr
+    assert not old.exists() and f"removed {old}" in proc.stdout and stuck.exists()
