@@ -116,6 +116,19 @@ def test_units_are_hardened_to_5_or_lower_in_systemd_analyze_security(cluster, l
     assert all(score <= 5.0 for score in scores.values()), scores
 
 
+def test_resource_isolation_is_off_on_the_cgroup_v1_lab_with_the_reason_reported(cluster, lab):
+    """The lab's host runs cgroup v1, where Ray cannot isolate its processes: under the default (auto) the deploy
+    reports it off with the reason, per host (the summary and the Python API), and the unit keeps
+    ProtectControlGroups and passes no isolation flag. The cgroup v2 side: tests/unit/test_ray_isolation.py."""
+    assert set(cluster["resource_isolation"]) == set(lab), cluster["resource_isolation"]
+    for name, plan in cluster["resource_isolation"].items():
+        assert plan["enabled"] is False and plan["problem"] == "", (name, plan)
+        assert plan["reason"].startswith("off: cgroup v1"), (name, plan)
+        unit = labkit.sh(name, f"systemctl cat {unit_of(lab, name)}").stdout
+        assert "ProtectControlGroups=yes" in unit and "Delegate=" not in unit
+        assert "--enable-resource-isolation" not in unit
+
+
 def test_one_token_on_every_node_never_in_the_unit(cluster, lab):
     tokens = {labkit.sh(name, "cat /etc/ray/auth_token").stdout.strip() for name in lab}
     assert len(tokens) == 1 and len(tokens.pop()) == 64

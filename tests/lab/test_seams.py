@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import re
 import subprocess
 import time
 
@@ -248,10 +249,15 @@ def test_a_bad_ray_setting_stops_the_run_before_any_role_writes(cluster, lab):
     limits = "/etc/security/limits.d/90-raymetal-memlock.conf"
     labkit.sh(name, f"mv {limits} {limits}.test-saved")
     try:
-        # Ray's preflight fails (object store larger than /dev/shm); the fabric role, which comes first and writes
-        # the memlock file, must not have written it.
-        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", '{"ray_object_store_memory": 1099511627776}')
+        # Ray's preflight fails (object store larger than /dev/shm; resource isolation demanded on the lab's
+        # cgroup v1 nodes); the fabric role, which comes first and writes the memlock file, must not have written it.
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e",
+                                         '{"ray_object_store_memory": 1099511627776, "ray_resource_isolation": true}')
         assert rc != 0 and "ray_object_store_memory" in out and "Traceback" not in out, out[-3000:]
+        flat = " ".join(out.split())
+        for host in lab:
+            assert re.search(rf"{host}: .*ray_resource_isolation is true but this node cannot isolate Ray's processes: "
+                             r"cgroup v1 \(or hybrid\) at /sys/fs/cgroup", flat), (host, out[-3000:])
         assert labkit.sh(name, f"test -e {limits}", check=False).returncode == 1, "written before the checks passed"
     finally:
         # Put the file back as the deploy wrote it (cheaper than another site.yml run).

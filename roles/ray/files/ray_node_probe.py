@@ -13,6 +13,9 @@ Run by the node's system Python (standard library only) in one round trip:
   to restart Ray (it failed later), or null: the next run owes that restart
 - link: what LINK is (only when LINK is given): the target it points to, "directory" for a
   real directory, "other" for anything else, null when it does not exist
+- isolation: what Ray's cgroup v2 resource isolation needs to know: cgroup2 (whether /sys/fs/cgroup is the
+  unified cgroup v2 hierarchy), controllers (those it offers), kernel, cpus (usable by this process) and
+  memory_bytes (MemTotal)
 """
 
 import json
@@ -95,6 +98,32 @@ def describe_link(path):
     return "other" if os.path.lexists(path) else None
 
 
+def isolation_facts(cgroup_root="/sys/fs/cgroup", meminfo="/proc/meminfo"):
+    """What decides whether Ray can isolate its own processes in cgroups on this node."""
+    controllers_file = os.path.join(cgroup_root, "cgroup.controllers")
+    try:
+        with open(controllers_file, encoding="utf-8") as handle:
+            controllers = handle.read().split()
+        cgroup2 = True
+    except OSError:  # cgroup v1 or hybrid: the root is a tmpfs of per-controller hierarchies
+        controllers, cgroup2 = [], False
+    memory = 0
+    try:
+        with open(meminfo, encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("MemTotal:"):
+                    memory = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 0
+    return {"cgroup2": cgroup2, "controllers": controllers, "kernel": os.uname().release, "cpus": cpus,
+            "memory_bytes": memory}
+
+
 def probe(venv, temp_dir, stamp_file, wheel_dir=None, restart_marker=None, link=None, shm="/dev/shm"):
     """Everything the role reads from the node, as a dict."""
     shm_stat = os.statvfs(shm)
@@ -104,6 +133,7 @@ def probe(venv, temp_dir, stamp_file, wheel_dir=None, restart_marker=None, link=
         "temp_free_mb": temp_stat.f_bavail * temp_stat.f_frsize // (1024 * 1024),
         "stamp": read_stamp(stamp_file),
         "restart_pending": read_marker(restart_marker),
+        "isolation": isolation_facts(),
     }
     result.update(venv_versions(venv))
     if wheel_dir:
