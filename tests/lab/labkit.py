@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import ansible_runner
 import yaml
@@ -69,15 +69,19 @@ def _host_stats(event_data: dict) -> dict[str, dict[str, int]]:
             for host in hosts}
 
 
-def run_playbook(playbook: str, inventory: Path | str, *args: str, timeout: int = 900) -> PlaybookRun:
+def run_playbook(playbook: str, inventory: Path | str, *args: str, timeout: int = 900,
+                 on_event: Callable[[dict], None] | None = None) -> PlaybookRun:
     """Run ansible-playbook from the repo root through ansible-runner.
 
     Unpacks as (rc, output, stats): stats are ansible-runner's per-host counters
     (ok, changed, failures, dark, skipped, ...), not a parse of the PLAY RECAP text.
+    on_event, when given, sees every ansible-runner event as it happens (a test can act mid-run).
     """
     stats: dict[str, dict[str, int]] = {}
 
-    def on_event(event: dict) -> bool:
+    def handle(event: dict) -> bool:
+        if on_event is not None:
+            on_event(event)
         if event.get("event") == "playbook_on_stats":
             stats.update(_host_stats(event.get("event_data") or {}))
         return True
@@ -89,11 +93,22 @@ def run_playbook(playbook: str, inventory: Path | str, *args: str, timeout: int 
             inventory=str(inventory), cmdline=shlex.join(args) if args else None,
             envvars={k: env[k] for k in ("ANSIBLE_CONFIG", "PATH", "ANSIBLE_NOCOLOR", "ANSIBLE_FORCE_COLOR",
                                           "ANSIBLE_CACHE_PLUGIN")},
-            event_handler=on_event, quiet=True, suppress_env_files=True, timeout=timeout)
+            event_handler=handle, quiet=True, suppress_env_files=True, timeout=timeout)
         output = result.stdout.read().replace("\r\n", "\n")
     if result.status == "timeout":
         raise subprocess.TimeoutExpired(["ansible-playbook", playbook, *args], timeout, output)
     return PlaybookRun(result.rc, output, stats)
+
+
+def unit_of(lab: dict[str, dict], name: str) -> str:
+    """The Ray unit of a lab node: ray-head on the head, ray-worker elsewhere."""
+    return "ray-head" if lab[name]["group"] == "ray_head" else "ray-worker"
+
+
+def invocation_ids(lab: dict[str, dict], names=None) -> dict[str, str]:
+    """systemd's InvocationID of each node's Ray unit: it changes with every (re)start of the unit."""
+    return {name: sh(name, f"systemctl show -p InvocationID --value {unit_of(lab, name)}").stdout.strip()
+            for name in (lab if names is None else names)}
 
 
 def sh(container: str, script: str, *, check: bool = True, timeout: int = 120, user: str | None = None):

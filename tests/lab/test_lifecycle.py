@@ -42,12 +42,8 @@ OS_NOISE = (
 MISSING_VERSION = "2.99.0"
 
 
-def unit_of(lab, name):
-    return "ray-head" if lab[name]["group"] == "ray_head" else "ray-worker"
-
-
 def unit_state(lab, name, *props):
-    out = labkit.sh(name, f"systemctl show {unit_of(lab, name)} " + " ".join(f"-p {p}" for p in props)).stdout
+    out = labkit.sh(name, f"systemctl show {labkit.unit_of(lab, name)} " + " ".join(f"-p {p}" for p in props)).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 

@@ -24,17 +24,6 @@ def head_ip(lab):
     return lab[HEAD]["lab_fabric_ip"]
 
 
-def unit_of(lab, name):
-    return "ray-head" if lab[name]["group"] == "ray_head" else "ray-worker"
-
-
-def invocation_ids(lab):
-    return {
-        name: labkit.sh(name, f"systemctl show -p InvocationID --value {unit_of(lab, name)}").stdout.strip()
-        for name in lab
-    }
-
-
 def api(lab, path, *, token=True, on=HEAD):
     """GET the head's dashboard API from a lab node over the fabric; (status, body)."""
     auth = '-H "Authorization: Bearer $(cat /etc/ray/auth_token)"' if token else ""
@@ -72,7 +61,7 @@ def test_every_node_is_alive_on_its_ib0_address(cluster, lab):
 
 def test_units_run_as_ray_with_the_limits_rdma_needs(cluster, lab):
     for name in lab:
-        unit = unit_of(lab, name)
+        unit = labkit.unit_of(lab, name)
         props = dict(
             line.split("=", 1)
             for line in labkit.sh(
@@ -108,7 +97,7 @@ def test_units_are_hardened_to_5_or_lower_in_systemd_analyze_security(cluster, l
     """The running units' exposure (systemd's own score, 0 safest .. 10), with Ray alive under it."""
     scores = {}
     for name in lab:
-        out = labkit.sh(name, f"systemd-analyze security --no-pager {unit_of(lab, name)}.service").stdout
+        out = labkit.sh(name, f"systemd-analyze security --no-pager {labkit.unit_of(lab, name)}.service").stdout
         scores[name] = float(out.rsplit("Overall exposure level for", 1)[1].split(":", 1)[1].split()[0])
         caps = labkit.sh(name, "grep -h '^CapEff' /proc/$(pgrep -x raylet)/status").stdout.split()[1]
         assert int(caps, 16) == 0, (name, caps)  # no capability at all
@@ -124,7 +113,7 @@ def test_resource_isolation_is_off_on_the_cgroup_v1_lab_with_the_reason_reported
     for name, plan in cluster["resource_isolation"].items():
         assert plan["enabled"] is False and plan["problem"] == "", (name, plan)
         assert plan["reason"].startswith("off: cgroup v1"), (name, plan)
-        unit = labkit.sh(name, f"systemctl cat {unit_of(lab, name)}").stdout
+        unit = labkit.sh(name, f"systemctl cat {labkit.unit_of(lab, name)}").stdout
         assert "ProtectControlGroups=yes" in unit and "Delegate=" not in unit
         assert "--enable-resource-isolation" not in unit
 
@@ -133,7 +122,7 @@ def test_one_token_on_every_node_never_in_the_unit(cluster, lab):
     tokens = {labkit.sh(name, "cat /etc/ray/auth_token").stdout.strip() for name in lab}
     assert len(tokens) == 1 and len(tokens.pop()) == 64
     for name in lab:
-        shown = labkit.sh(name, f"systemctl show {unit_of(lab, name)} -p Environment -p ExecStart").stdout
+        shown = labkit.sh(name, f"systemctl show {labkit.unit_of(lab, name)} -p Environment -p ExecStart").stdout
         assert labkit.sh(name, "cat /etc/ray/auth_token").stdout.strip() not in shown
 
 
@@ -176,12 +165,12 @@ def test_rerun_changes_nothing_and_keeps_nodes_and_jobs(cluster, lab):
     )
     try:
         labkit.wait_until(lambda: job_status(lab, job_id) == "RUNNING", 120, what=f"job {job_id} RUNNING")
-        nodes_before, units_before = labkit.alive_nodes(lab), invocation_ids(lab)
+        nodes_before, units_before = labkit.alive_nodes(lab), labkit.invocation_ids(lab)
         assert len(nodes_before) == len(lab), nodes_before
         facts, changed = counting_deploy(labkit.LAB_INVENTORY)
         assert changed == [], changed
         assert labkit.alive_nodes(lab) == nodes_before
-        assert invocation_ids(lab) == units_before
+        assert labkit.invocation_ids(lab) == units_before
         assert job_status(lab, job_id) == "RUNNING"
         assert facts["nodes_alive"] == 3
     finally:
@@ -207,10 +196,10 @@ def test_a_worker_only_change_restarts_only_that_worker(cluster, lab, tmp_path):
     )
     (inv / "host_vars").mkdir(exist_ok=True)
     (inv / "host_vars" / f"{labkit.WORKER1}.yml").write_text(yaml.safe_dump({"ray_labels": {"raymetal-test": "relabel"}}))
-    before = invocation_ids(lab)
+    before = labkit.invocation_ids(lab)
     try:
         facts, changed = counting_deploy(inv)
-        after = invocation_ids(lab)
+        after = labkit.invocation_ids(lab)
         assert after[HEAD] == before[HEAD]
         assert after[labkit.WORKER2] == before[labkit.WORKER2]
         assert after[labkit.WORKER1] != before[labkit.WORKER1]
@@ -234,12 +223,12 @@ def test_a_killed_raylet_comes_back_by_itself(cluster, lab):
 
 
 def test_check_mode_on_the_running_cluster_plans_nothing(cluster, lab):
-    before = invocation_ids(lab)
+    before = labkit.invocation_ids(lab)
     rc, out, recap = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "--check", "--diff")
     assert rc == 0, out
     assert set(lab) <= set(recap)
     assert all(c["changed"] == 0 and c["failed"] == 0 for c in recap.values()), recap
-    assert invocation_ids(lab) == before
+    assert labkit.invocation_ids(lab) == before
 
 
 def test_the_session_pruner_removes_old_sessions_never_the_live_one(cluster, lab):

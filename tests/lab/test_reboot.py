@@ -7,7 +7,6 @@ enabled, the firewall unit reloads the rules, and the worker waits for the head 
 
 from __future__ import annotations
 
-import re
 import subprocess
 import time
 
@@ -66,37 +65,28 @@ def test_a_worker_frozen_mid_run_is_named_within_a_bounded_wait_and_the_others_a
     names it at once (tests/lab/test_validate.py)."""
     name = f"{P}-worker2"
     others = [h for h in lab if h != name]
+    before = labkit.invocation_ids(lab, others)
+    frozen_at = []
 
-    def invocation(host):
-        unit = "ray-head" if host == HEAD else "ray-worker"
-        return labkit.sh(host, f"systemctl show -p InvocationID --value {unit}").stdout
+    def freeze_when_preparing(event):
+        # ansible-runner hands each event over as it happens: pause the worker as the prepare play starts.
+        if (not frozen_at and event.get("event") == "playbook_on_play_start"
+                and (event.get("event_data") or {}).get("play") == "Prepare every node"):
+            subprocess.run(["docker", "pause", name], check=True, capture_output=True)
+            frozen_at.append(time.monotonic())
 
-    before = {h: invocation(h) for h in others}
-    cmd = [str(labkit.VENV_BIN / "ansible-playbook"), "-i", str(labkit.LAB_INVENTORY), str(labkit.ROOT / "site.yml")]
-    start = time.monotonic()
-    play = subprocess.Popen(cmd, cwd=labkit.ROOT, env=labkit.ansible_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    lines, frozen_at = [], None
     try:
-        for line in play.stdout:
-            lines.append(line)
-            if frozen_at is None and line.startswith("PLAY [Prepare every node]"):
-                subprocess.run(["docker", "pause", name], check=True, capture_output=True)
-                frozen_at = time.monotonic()
-        rc = play.wait(timeout=900)
+        rc, out, stats = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, on_event=freeze_when_preparing)
     finally:
         subprocess.run(["docker", "unpause", name], check=False, capture_output=True)
-    took = time.monotonic() - frozen_at if frozen_at else None
-    out = "".join(lines)
     assert frozen_at, out[-3000:]
+    took = time.monotonic() - frozen_at[0]
     print(f"\nsite.yml with {name} frozen as the nodes were prepared: exit {rc}, {took:.1f} s after the freeze")
     assert rc != 0, out[-3000:]
     assert f"fatal: [{name}]: UNREACHABLE!" in out, out[-3000:]
-    recap = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in
-             re.finditer(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)", out, re.M)}
-    assert recap[name][1] >= 1, recap
-    assert all(recap[h][0] == 0 for h in others), recap
-    assert {h: invocation(h) for h in others} == before, "another node restarted"
+    assert stats[name]["unreachable"] >= 1, stats
+    assert all(stats[h]["changed"] == 0 for h in others), stats
+    assert labkit.invocation_ids(lab, others) == before, "another node restarted"
     assert took < 150, f"the run waited {took:.0f} s for a frozen host"
     labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, interval=3,
                       what=f"{name} alive again after it was thawed")

@@ -25,15 +25,6 @@ TOKEN_ENV = "set -a; . /etc/ray/ray.env; set +a"
 FIXTURE_DIR = "/tmp/raymetal-test-fixtures"
 
 
-def unit_of(lab, name):
-    return "ray-head" if lab[name]["group"] == "ray_head" else "ray-worker"
-
-
-def invocation_ids(lab):
-    return {name: labkit.sh(name, f"systemctl show -p InvocationID --value {unit_of(lab, name)}").stdout.strip()
-            for name in lab}
-
-
 def http_code(lab, path, token, on):
     return labkit.sh(on, f"curl -s -m 10 -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer {token}' "
                          f"http://{lab[HEAD]['lab_fabric_ip']}:8265{path}").stdout.strip()
@@ -47,7 +38,7 @@ def test_the_deploy_plans_nvidia_peermem_on_an_infiniband_gpu_host(cluster, lab)
         for src, dest in (("tests/fixtures/fabric/dgx/sys", "fabric-sys"),
                           ("tests/fixtures/nvidia/hgx-h100-8gpu/sys", "gpu-sys")):
             subprocess.run(["docker", "cp", str(labkit.ROOT / src), f"{name}:{FIXTURE_DIR}/{dest}"], check=True)
-    before = invocation_ids(lab)
+    before = labkit.invocation_ids(lab)
     # The recorded GPUs would also make the monitoring role plan DCGM, which the lab's mirror does not carry
     # (molecule `monitoring` tests that step against stand-in packages): leave it out of this plan.
     extra = {"fabric_sysfs_root": f"{FIXTURE_DIR}/fabric-sys", "nvidia_driver_sysfs_root": f"{FIXTURE_DIR}/gpu-sys",
@@ -69,7 +60,7 @@ def test_the_deploy_plans_nvidia_peermem_on_an_infiniband_gpu_host(cluster, lab)
     # Check mode: nothing written, nothing restarted.
     for name in lab:
         assert labkit.sh(name, "test -e /etc/modules-load.d/raymetal-nvidia-peermem.conf", check=False).returncode == 1
-    assert invocation_ids(lab) == before
+    assert labkit.invocation_ids(lab) == before
 
 
 # --- NCCL settings, as a Ray task sees them --------------------------------------------------------------------
@@ -118,7 +109,7 @@ def test_ray_tasks_get_nccls_settings_from_the_nccl_role_and_its_overrides(clust
         # ... so what NCCL resolves is the nccl role's file.
         assert effective["NCCL_SOCKET_IFNAME"] == "=ib0", (ip, effective)
         assert effective["NCCL_IB_DISABLE"] == "1", (ip, effective)
-    before = invocation_ids(lab)
+    before = labkit.invocation_ids(lab)
     override = {"nccl_extra_env": {"NCCL_SOCKET_IFNAME": "=eth0", "NCCL_DEBUG": "INFO"}}
     try:
         rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", json.dumps(override))
@@ -128,7 +119,7 @@ def test_ray_tasks_get_nccls_settings_from_the_nccl_role_and_its_overrides(clust
             assert effective["NCCL_SOCKET_IFNAME"] == "=eth0", (ip, effective)
             assert effective["NCCL_DEBUG"] == "INFO", (ip, effective)
         # NCCL reads its file when a job initialises it: no Ray restart for an NCCL change.
-        assert invocation_ids(lab) == before
+        assert labkit.invocation_ids(lab) == before
     finally:
         rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
         assert rc == 0, out[-4000:]
@@ -200,7 +191,7 @@ def test_an_interrupted_token_rotation_is_finished_by_the_next_run(cluster, lab)
         assert labkit.sh(name, "test -e /etc/ray/.restart-pending", check=False).returncode == 1
 
     # 2. A failure after the new token reached every node (the firewall play fails on one worker) ...
-    before = invocation_ids(lab)
+    before = labkit.invocation_ids(lab)
     broken = f"{P}-worker2"
     labkit.sh(broken, "mv /etc/raymetal /etc/raymetal.saved && touch /etc/raymetal")
     try:
@@ -211,14 +202,14 @@ def test_an_interrupted_token_rotation_is_finished_by_the_next_run(cluster, lab)
     new_token = controller_token.read_text().strip()
     assert new_token != old_token
     assert {token_sha(n) for n in lab} == {hashlib.sha256((new_token + "\n").encode()).hexdigest()}
-    assert invocation_ids(lab) == before  # nothing restarted: Ray still runs with the old token
+    assert labkit.invocation_ids(lab) == before  # nothing restarted: Ray still runs with the old token
     for name in lab:
         assert labkit.sh(name, "test -s /etc/ray/.restart-pending", check=False).returncode == 0, name
 
     # 3. ... is paid by the next clean run, which changes no file itself: every node restarts with the new token.
     rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
     assert rc == 0, out[-4000:]
-    after = invocation_ids(lab)
+    after = labkit.invocation_ids(lab)
     assert all(after[n] != before[n] for n in lab), (before, after)
     assert "owed by an earlier run" in out
     for name in lab:
@@ -238,7 +229,7 @@ def test_an_interrupted_token_rotation_is_finished_by_the_next_run(cluster, lab)
     assert "DEPRECATION WARNING" not in out and "Traceback" not in out
     assert new_token not in out
     for name in lab:
-        shown = labkit.sh(name, f"ps -eo args; systemctl show {unit_of(lab, name)}; journalctl --no-pager -o cat").stdout
+        shown = labkit.sh(name, f"ps -eo args; systemctl show {labkit.unit_of(lab, name)}; journalctl --no-pager -o cat").stdout
         assert new_token not in shown, name
 
 
