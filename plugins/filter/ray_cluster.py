@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
+from ansible_collections.raymetal.cluster.plugins.plugin_utils.labels import PREFIX as LABEL_PREFIX
 from ansible_collections.raymetal.cluster.plugins.plugin_utils.ssh_tunnel import tunnel_command
 
 GIB = float(2**30)
-LABEL_PREFIX = "raymetal.io/"
 
 DOCUMENTATION_RAY_FABRIC_IPS = """
 name: ray_fabric_ips

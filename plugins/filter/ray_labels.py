@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.raymetal.cluster.plugins.plugin_utils.labels import GPU_DOMAIN, PREFIX
+
 DOCUMENTATION_RAY_NODE_LABELS = """
 name: ray_node_labels
 short_description: Derive a node's Ray labels from its fabric and GPU facts and the site's topology
@@ -27,8 +29,6 @@ description:
     Kubernetes label syntax), naming the label and the rule; empty when every label is valid.
 """
 
-PREFIX = "raymetal.io/"
-GPU_DOMAIN = "ray.io/gpu-domain"
 # Ray's rules (ray/_private/label_utils.py): an optional DNS-subdomain prefix and a name or value of
 # at most 63 characters, alphanumeric at both ends, with - _ . inside. Values may be empty.
 _PREFIX_RE = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)$")
