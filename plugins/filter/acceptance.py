@@ -61,6 +61,17 @@ def acceptance_nodes(hosts, hostvars, fact="node_checks"):
     return nodes
 
 
+def acceptance_gate_left_out(hosts, hostvars):
+    """{host: reason} for the hosts the deploy's acceptance gate leaves out (acceptance_gate_left_out true)."""
+    found = {}
+    for host in hosts or []:
+        hvars = hostvars[host] if host in hostvars else {}
+        if hvars.get("acceptance_gate_left_out") in (True, "True", "true"):
+            reasons = hvars.get("acceptance_gate_reasons") or ["failed its node checks"]
+            found[host] = "acceptance gate: FAIL " + "; ".join(str(r) for r in reasons)
+    return found
+
+
 def _value(record, key):
     if key == "hca_firmware":
         firmware = sorted(set((record.get("hca_firmware") or {}).values()))
@@ -444,6 +455,7 @@ class FilterModule:
             "threshold_gbps": threshold_gbps,
             "iperf3_result": iperf3_result,
             "ib_write_bw_result": ib_write_bw_result,
+            "acceptance_gate_left_out": acceptance_gate_left_out,
             "acceptance_traffic": acceptance_traffic,
             "ray_transfer_items": ray_transfer_items,
             "nccl_transport": nccl_transport,

@@ -100,6 +100,21 @@ def run_playbook(playbook: str, inventory: Path | str, *args: str, timeout: int 
     return PlaybookRun(result.rc, output, stats)
 
 
+def inventory_copy(tmp_path: Path, host_vars: dict[str, dict] | None = None) -> Path:
+    """The lab inventory copied under tmp_path (same token: credentials/ is linked), with extra host_vars."""
+    import shutil
+
+    inv = Path(tmp_path) / "inventory"
+    shutil.copytree(LAB_INVENTORY, inv, ignore=shutil.ignore_patterns("credentials"))
+    (inv / "credentials").symlink_to(LAB_INVENTORY / "credentials")
+    group_vars = inv / "group_vars" / "ray_cluster.yml"
+    group_vars.write_text(group_vars.read_text().replace("{{ inventory_dir }}/../../lab", str(ROOT / "lab")))
+    (inv / "host_vars").mkdir(exist_ok=True)
+    for host, values in (host_vars or {}).items():
+        (inv / "host_vars" / f"{host}.yml").write_text(yaml.safe_dump(values))
+    return inv
+
+
 def unit_of(lab: dict[str, dict], name: str) -> str:
     """The Ray unit of a lab node: ray-head on the head, ray-worker elsewhere."""
     return "ray-head" if lab[name]["group"] == "ray_head" else "ray-worker"

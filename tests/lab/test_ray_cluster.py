@@ -7,11 +7,9 @@ site.yml once; tests that redeploy leave the cluster as they found it.
 from __future__ import annotations
 
 import json
-import shutil
 import uuid
 
 import pytest
-import yaml
 
 from raymetal.runner import deploy
 from tests.lab import labkit
@@ -186,16 +184,7 @@ def job_status(lab, job_id):
 
 
 def test_a_worker_only_change_restarts_only_that_worker(cluster, lab, tmp_path):
-    inv = tmp_path / "inventory"
-    shutil.copytree(labkit.LAB_INVENTORY, inv, ignore=shutil.ignore_patterns("credentials"))
-    (inv / "credentials").symlink_to(labkit.LAB_INVENTORY / "credentials")
-    (inv / "group_vars" / "ray_cluster.yml").write_text(
-        (inv / "group_vars" / "ray_cluster.yml").read_text().replace(
-            "{{ inventory_dir }}/../../lab", str(labkit.ROOT / "lab")
-        )
-    )
-    (inv / "host_vars").mkdir(exist_ok=True)
-    (inv / "host_vars" / f"{labkit.WORKER1}.yml").write_text(yaml.safe_dump({"ray_labels": {"raymetal-test": "relabel"}}))
+    inv = labkit.inventory_copy(tmp_path, {labkit.WORKER1: {"ray_labels": {"raymetal-test": "relabel"}}})
     before = labkit.invocation_ids(lab)
     try:
         facts, changed = counting_deploy(inv)

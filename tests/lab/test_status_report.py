@@ -68,11 +68,24 @@ def earlier_count(facts) -> int:
     return sum(1 for n in facts["earlier_nodes"] if n["hostname"] == WORKER)
 
 
-def test_a_dead_node_fails_status_and_after_site_yml_is_one_alive_row(cluster, lab):
+def test_a_worker_the_acceptance_gate_leaves_out_fails_status_and_after_site_yml_is_one_alive_row(cluster, lab,
+                                                                                                   tmp_path):
+    """A deploy with the acceptance gate on, where the worker is expected to have a GPU it lacks: its node checks
+    FAIL before Ray starts, so the deploy stops Ray there, names it with the reason and succeeds for the rest.
+    Then status fails on the missing node, and a plain site.yml brings it back."""
     # Earlier tests may have restarted this worker already: count from here.
     before = earlier_count(status(str(labkit.LAB_INVENTORY)))
-    labkit.sh(WORKER, "systemctl stop ray-worker")
+    others = [h for h in lab if h != WORKER]
+    units = labkit.invocation_ids(lab, others)
+    inv = labkit.inventory_copy(tmp_path, {WORKER: {"acceptance_expected_gpus": 1}})
+    rc, out, stats = labkit.run_playbook("site.yml", inv, "-e", "acceptance_gate=true")
     try:
+        assert rc == 0, out[-4000:]
+        assert "Left out of the cluster by this run (Ray not started there):" in out, out[-4000:]
+        assert f"{WORKER}: acceptance gate: FAIL 0 GPU(s) on the PCI bus, 1 expected" in flat(out), out[-4000:]
+        assert labkit.sh(WORKER, "systemctl is-active ray-worker", check=False).stdout.strip() == "inactive"
+        assert labkit.invocation_ids(lab, others) == units  # the others were neither restarted nor changed
+        assert all(stats[h]["changed"] == 0 for h in others), stats
         labkit.wait_until(lambda: status(str(labkit.LAB_INVENTORY))["missing"] == [WORKER], 120, interval=5,
                           what=f"status to see {WORKER} missing")
         rc, out, _ = status_playbook()

@@ -315,3 +315,15 @@ def test_busbw_follows_nccl_tests():
     assert acceptance.nccl_busbw(2**30, 0.0125, 1) == (85.899, 0.0)
     with pytest.raises(ValueError):
         acceptance.nccl_busbw(2**30, 0, 8)
+
+
+def test_the_gate_hands_over_only_the_hosts_it_left_out_with_their_reasons():
+    gate = acceptance.FilterModule().filters()["acceptance_gate_left_out"]
+    hostvars = {
+        "head": {"acceptance_gate_left_out": False, "acceptance_gate_reasons": []},
+        "w1": {"acceptance_gate_left_out": True, "acceptance_gate_reasons": ["0 GPU(s) on the PCI bus, 8 expected",
+                                                                            "mlx5_3:1 (ib3) is DOWN"]},
+        "w2": {},
+    }
+    assert gate(["head", "w1", "w2", "ghost"], hostvars) == {
+        "w1": "acceptance gate: FAIL 0 GPU(s) on the PCI bus, 8 expected; mlx5_3:1 (ib3) is DOWN"}
