@@ -307,6 +307,37 @@ def ib_write_bw_result(text, src, dst, threshold=None):
     return item
 
 
+def ib_write_bw_run(res, src, dst, threshold=None, missing=""):
+    """One RDMA ring pair from a registered ib_write_bw client run (the command task's result).
+
+    ``missing`` (a reason) wins: the pair was not run. A skipped task, a non-zero exit (perftest's own
+    message is kept) or output without a result row becomes ``error``.
+    """
+    item = {"kind": "ib_write_bw", "src": src, "dst": dst, "gbps": None, "threshold_gbps": threshold, "error": None}
+    if missing:
+        item["error"] = missing
+        return item
+    res = res or {}
+    if res.get("skipped"):
+        item["error"] = "not run (%s)" % (res.get("skip_reason") or "skipped")
+        return item
+    if res.get("rc") not in (0, None):
+        text = " | ".join(line.strip() for line in ((res.get("stderr") or "") + "\n" + (res.get("stdout") or ""))
+                          .strip().splitlines()[-3:])
+        item["error"] = "ib_write_bw exited %s%s" % (res.get("rc"), (": " + text) if text else "")
+        return item
+    parsed = ib_write_bw_result(res.get("stdout") or "", src, dst, threshold)
+    return parsed
+
+
+def rdma_ring_next(host, hosts, hostvars, key="__acceptance_rdma_device"):
+    """The next host in the ring among ``hosts`` that have an RDMA port behind the fabric interface ('' if none)."""
+    members = [h for h in hosts or [] if ((hostvars[h] if h in hostvars else {}).get(key) or "")]
+    if host not in members:
+        return ""
+    return ring_next(host, members) or ""
+
+
 def acceptance_traffic(hosts, hostvars, keys=("__acceptance_traffic_items", "__acceptance_ray_items")):
     """Every ring result the hosts recorded (a list per host under each of ``keys``), in host order."""
     items = []
@@ -455,6 +486,8 @@ class FilterModule:
             "threshold_gbps": threshold_gbps,
             "iperf3_result": iperf3_result,
             "ib_write_bw_result": ib_write_bw_result,
+            "ib_write_bw_run": ib_write_bw_run,
+            "rdma_ring_next": rdma_ring_next,
             "acceptance_gate_left_out": acceptance_gate_left_out,
             "acceptance_traffic": acceptance_traffic,
             "ray_transfer_items": ray_transfer_items,

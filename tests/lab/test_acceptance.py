@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -122,3 +123,36 @@ def test_drift_is_named_and_fails_when_configured(cluster, lab, drift_probe):
     assert report["drift"] == [{"key": PROBE, "host": drift_probe, "value": "2.0", "expected": "1.0",
                                 "against": "majority"}]
     assert "%s: FAIL %s 2.0, others 1.0" % (drift_probe, PROBE) in str(err.value)
+
+
+TRAFFIC = labkit.ROOT / "tests" / "fixtures" / "traffic"
+FAKE_SYS = "/tmp/raymetal-fake-sys"
+
+
+@pytest.fixture
+def fake_rdma(lab):
+    """Every node looks like a DGX H100 to the node checks (the recorded sysfs tree, whose ib0 sits on mlx5_0:1)
+    and has a stand-in ib_write_bw that keeps perftest's command line and TCP handshake; removed afterwards."""
+    tree = labkit.ROOT / "tests" / "fixtures" / "fabric" / "dgx_h100" / "sys"
+    for name in lab:
+        labkit.sh(name, f"rm -rf {FAKE_SYS} && mkdir -p /usr/local/share/raymetal-test")
+        for src, dst in ((tree, FAKE_SYS), (TRAFFIC / "fake_ib_write_bw.py", "/usr/local/bin/ib_write_bw"),
+                         (TRAFFIC / "ib_write_bw_gbits.txt", "/usr/local/share/raymetal-test/ib_write_bw_gbits.txt")):
+            subprocess.run(["docker", "cp", "-L", str(src), f"{name}:{dst}"], check=True, capture_output=True)
+    yield
+    for name in lab:
+        labkit.sh(name, f"rm -rf {FAKE_SYS} /usr/local/bin/ib_write_bw /usr/local/share/raymetal-test", check=False)
+
+
+def test_the_rdma_ring_runs_ib_write_bw_between_the_fabric_ports(cluster, lab, fake_rdma):
+    """The ib_write_bw ring, run for real between the lab nodes' fabric addresses with a stand-in binary (the lab
+    has no RDMA): each node's server starts on the port behind ib0 (mlx5_0:1 in the recorded tree), each node
+    sends to the next once, and the figure is judged against 0.9 of the port's 400 Gb/s."""
+    extra = {"acceptance_sysfs_root": FAKE_SYS, "acceptance_state_file": "", "acceptance_rdma_tools": [],
+             "acceptance_ray_object": False, "acceptance_fail_on_fail": False}
+    report = acceptance(str(labkit.LAB_INVENTORY), extravars=extra)
+    rdma = [t for t in report["traffic"] if t["kind"] == "ib_write_bw"]
+    assert sorted(t["src"] for t in rdma) == sorted(lab) and sorted(t["dst"] for t in rdma) == sorted(lab), rdma
+    for item in rdma:
+        assert item["error"] is None and item["gbps"] == 391.84 and item["threshold_gbps"] == 360.0, item
+        assert f"ib_write_bw to {item['dst']} 391.84 Gb/s" in report["nodes"][item["src"]]["figures"], report["lines"]

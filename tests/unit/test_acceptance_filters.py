@@ -231,6 +231,28 @@ def test_rdma_pair_below_ninety_percent_fails_the_sender():
     assert report["lines"][1] == "worker1: FAIL ib_write_bw to head 193.61 Gb/s, below 360.00 Gb/s"
 
 
+def test_an_ib_write_bw_run_becomes_a_pair_or_names_why_not():
+    text = (TRAFFIC / "ib_write_bw_gbits.txt").read_text()
+    ok = acceptance.ib_write_bw_run({"rc": 0, "stdout": text}, "head", "worker1", 360.0)
+    assert (ok["kind"], ok["src"], ok["dst"], ok["gbps"], ok["error"]) == ("ib_write_bw", "head", "worker1", 391.84, None)
+    failed_text = (TRAFFIC / "ib_write_bw_failed.txt").read_text()
+    failed = acceptance.ib_write_bw_run({"rc": 1, "stdout": failed_text, "stderr": ""}, "head", "worker1")
+    assert failed["gbps"] is None and failed["error"].startswith("ib_write_bw exited 1: ")
+    assert "Couldn't connect" in failed["error"]
+    missing = acceptance.ib_write_bw_run(None, "head", "worker1", missing="ib_write_bw is not installed on head")
+    assert missing["error"] == "ib_write_bw is not installed on head"
+    skipped = acceptance.ib_write_bw_run({"skipped": True, "skip_reason": "Conditional result was False"}, "a", "b")
+    assert skipped["error"] == "not run (Conditional result was False)"
+
+
+def test_the_rdma_ring_skips_nodes_without_an_rdma_port():
+    hostvars = {"head": {"__acceptance_rdma_device": "mlx5_0:1"}, "cpu1": {"__acceptance_rdma_device": ""},
+                "gpu1": {"__acceptance_rdma_device": "mlx5_4:1"}, "gpu2": {}}
+    hosts = ["head", "cpu1", "gpu1", "gpu2"]
+    assert [acceptance.rdma_ring_next(h, hosts, hostvars) for h in hosts] == ["gpu1", "", "head", ""]
+    assert acceptance.rdma_ring_next("head", ["head", "cpu1"], hostvars) == ""  # one RDMA node: no pair
+
+
 def test_traffic_items_are_collected_from_hostvars_in_host_order():
     hostvars = {"a": {"__acceptance_traffic_items": [{"kind": "iperf3", "src": "a"}]}, "b": {},
                 "c": {"__acceptance_traffic_items": {"kind": "iperf3", "src": "c"}}}
