@@ -112,7 +112,8 @@ class Lab:
         self.inventory_dir = os.path.join(work, "inventory")
         self.state = os.path.join(work, "state")
         self.env = dict(os.environ, LAB_PREFIX=args.prefix, LAB_MGMT_SUBNET=args.mgmt_subnet,
-                        LAB_FABRIC_SUBNET=args.fabric_subnet, LAB_STATE=self.state, LAB_WORKERS="2",
+                        LAB_FABRIC_SUBNET=args.fabric_subnet, LAB_STATE=self.state,
+                        LAB_WORKERS=str(getattr(args, "workers", 2)),
                         LAB_INVENTORY=os.path.join(self.inventory_dir, "hosts.yml"))
         if "LAB_IMAGE" not in os.environ:
             # The main lab's image (raymetal-node:<tag>): with another LAB_PREFIX, lab.sh would
@@ -154,8 +155,9 @@ class Lab:
         groups = inv["ray_cluster"]["children"]
         head = list(groups["ray_head"]["hosts"].items())
         workers = list((groups["ray_worker"].get("hosts") or {}).items())
-        if len(head) != 1 or len(workers) != 2:
-            raise BenchError("the bench lab should have 1 head and 2 workers, got %s" % inv)
+        expected = int(self.env["LAB_WORKERS"])
+        if len(head) != 1 or len(workers) != expected:
+            raise BenchError("the bench lab should have 1 head and %d workers, got %s" % (expected, inv))
         self.head = (head[0][0], head[0][1]["lab_fabric_ip"])
         self.workers = [(name, hv["lab_fabric_ip"]) for name, hv in workers]
         names = [self.head[0]] + [name for name, _ in self.workers]
