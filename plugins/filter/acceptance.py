@@ -235,6 +235,26 @@ def threshold_gbps(link_src, link_dst, fraction, minimum=0):
     return round(float(fraction) * min(rates), 3) if rates else None
 
 
+def ring_why_not(missing, receiver, receiver_missing="", check_mode=False):
+    """Why a ring pair is not run, '' when it is: what keeps the sender out, else what keeps the receiver
+    out (named), else check mode."""
+    if missing:
+        return missing
+    if receiver_missing:
+        return "receiver %s: %s" % (receiver, receiver_missing)
+    return "check mode: no traffic sent" if check_mode else ""
+
+
+def _not_run(res, missing=""):
+    """Why a ring pair has no figure before its output is read: ``missing`` (a reason the pair was not run) or
+    a skipped task; None when the run's output is to be read."""
+    if missing:
+        return missing
+    if (res or {}).get("skipped"):
+        return "not run (%s)" % ((res or {}).get("skip_reason") or "skipped")
+    return None
+
+
 def iperf3_result(res, src, dst, threshold=None, missing=""):
     """One ring pair from a registered ``iperf3 -J`` client run: {kind, src, dst, gbps, threshold_gbps, ...}.
 
@@ -242,14 +262,10 @@ def iperf3_result(res, src, dst, threshold=None, missing=""):
     ``error`` with iperf3's own message.
     """
     item = {"kind": "iperf3", "src": src, "dst": dst, "gbps": None, "threshold_gbps": threshold,
-            "retransmits": None, "error": None}
-    if missing:
-        item["error"] = missing
+            "retransmits": None, "error": _not_run(res, missing)}
+    if item["error"]:
         return item
     res = res or {}
-    if res.get("skipped"):
-        item["error"] = "not run (%s)" % (res.get("skip_reason") or "skipped")
-        return item
     text = res.get("stdout") or ""
     try:
         data = json.loads(text) if text.strip() else {}
@@ -313,21 +329,17 @@ def ib_write_bw_run(res, src, dst, threshold=None, missing=""):
     ``missing`` (a reason) wins: the pair was not run. A skipped task, a non-zero exit (perftest's own
     message is kept) or output without a result row becomes ``error``.
     """
-    item = {"kind": "ib_write_bw", "src": src, "dst": dst, "gbps": None, "threshold_gbps": threshold, "error": None}
-    if missing:
-        item["error"] = missing
+    item = {"kind": "ib_write_bw", "src": src, "dst": dst, "gbps": None, "threshold_gbps": threshold,
+            "error": _not_run(res, missing)}
+    if item["error"]:
         return item
     res = res or {}
-    if res.get("skipped"):
-        item["error"] = "not run (%s)" % (res.get("skip_reason") or "skipped")
-        return item
     if res.get("rc") not in (0, None):
         text = " | ".join(line.strip() for line in ((res.get("stderr") or "") + "\n" + (res.get("stdout") or ""))
                           .strip().splitlines()[-3:])
         item["error"] = "ib_write_bw exited %s%s" % (res.get("rc"), (": " + text) if text else "")
         return item
-    parsed = ib_write_bw_result(res.get("stdout") or "", src, dst, threshold)
-    return parsed
+    return ib_write_bw_result(res.get("stdout") or "", src, dst, threshold)
 
 
 def rdma_ring_next(host, hosts, hostvars, key="__acceptance_rdma_device"):
@@ -488,6 +500,7 @@ class FilterModule:
             "ib_write_bw_result": ib_write_bw_result,
             "ib_write_bw_run": ib_write_bw_run,
             "rdma_ring_next": rdma_ring_next,
+            "ring_why_not": ring_why_not,
             "acceptance_gate_left_out": acceptance_gate_left_out,
             "acceptance_traffic": acceptance_traffic,
             "ray_transfer_items": ray_transfer_items,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -102,8 +103,6 @@ def run_playbook(playbook: str, inventory: Path | str, *args: str, timeout: int 
 
 def inventory_copy(tmp_path: Path, host_vars: dict[str, dict] | None = None) -> Path:
     """The lab inventory copied under tmp_path (same token: credentials/ is linked), with extra host_vars."""
-    import shutil
-
     inv = Path(tmp_path) / "inventory"
     shutil.copytree(LAB_INVENTORY, inv, ignore=shutil.ignore_patterns("credentials"))
     (inv / "credentials").symlink_to(LAB_INVENTORY / "credentials")

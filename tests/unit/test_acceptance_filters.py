@@ -245,6 +245,15 @@ def test_an_ib_write_bw_run_becomes_a_pair_or_names_why_not():
     assert skipped["error"] == "not run (Conditional result was False)"
 
 
+def test_why_a_ring_pair_is_not_run():
+    assert acceptance.ring_why_not("iperf3 is not installed on a", "b", "also missing", True) == \
+        "iperf3 is not installed on a"
+    assert acceptance.ring_why_not("", "b", "no fabric address on this node") == \
+        "receiver b: no fabric address on this node"
+    assert acceptance.ring_why_not("", "b", "", True) == "check mode: no traffic sent"
+    assert acceptance.ring_why_not("", "b", "", False) == ""
+
+
 def test_the_rdma_ring_skips_nodes_without_an_rdma_port():
     hostvars = {"head": {"__acceptance_rdma_device": "mlx5_0:1"}, "cpu1": {"__acceptance_rdma_device": ""},
                 "gpu1": {"__acceptance_rdma_device": "mlx5_4:1"}, "gpu2": {}}
