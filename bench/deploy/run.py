@@ -13,6 +13,9 @@ Phases, each on brand-new containers of a private lab (LAB_PREFIX=raybench,
   deploy    `ansible-playbook site.yml -i <bench inventory>` until it ends (site.yml waits
             for every node and prints the cluster summary)
   rerun     the same command again on the deployed lab: the no-op rerun
+  baseline  with --baseline REV: the deploy and rerun of REV's tree (git archive of REV, its own
+            ansible.cfg and inventory/lab/group_vars) on another fresh lab, so that "no slower
+            than before" is measured in the same run as the current tree
   floor 2   the floor again (skip with --single-floor): floors on both sides of the deploy,
             so a load swing on this shared machine hits both measurements
 
@@ -22,6 +25,7 @@ and always at the end, also on an error or Ctrl-C.
 Usage (from the repository root):
     .venv/bin/python bench/deploy/run.py
     .venv/bin/python bench/deploy/run.py --single-floor --top 15
+    .venv/bin/python bench/deploy/run.py --baseline 4d9246c --strategy linear -e monitoring_enabled=false
 
 Exits 0 when every phase ran (targets MET or MISSED are printed, not turned into an exit
 status), 1 on an error, 130 when interrupted.
@@ -54,6 +58,9 @@ CACHE = os.environ.get("RAYMETAL_CACHE") or os.path.join(os.path.expanduser("~")
 # What the floor installs and how Ray runs: the lab inventory's values (inventory/lab/group_vars)
 # and the ray role's defaults (roles/ray/defaults/main.yml, templates/ray.service.j2).
 RAY_SPEC = "ray[default]==2.60.0"
+# --baseline: "no slower than before" allows for this shared machine's run-to-run noise
+# (5-10 s on a 60-70 s deploy, about 1 s on a 13 s rerun; README's results).
+TARGET_BASELINE = 1.10
 NCCL_SPEC = "nvidia-nccl-cu12==2.32.3"
 NODE_WH = "/var/cache/raymetal/wheelhouse"
 VENV = "/opt/ray/venv"
@@ -123,12 +130,12 @@ class Lab:
                                         env=main_env).stdout.strip()
         self.prefix = args.prefix
         self.logfile = os.path.join(work, "lab.log")
-        self.write_group_vars()
+        self.write_group_vars(REPO, self.inventory_dir)
 
-    def write_group_vars(self):
-        """inventory/lab/group_vars, with the SSH key of this lab's LAB_STATE."""
-        src = os.path.join(REPO, "inventory", "lab", "group_vars")
-        dst = os.path.join(self.inventory_dir, "group_vars")
+    def write_group_vars(self, root, inventory_dir):
+        """root's inventory/lab/group_vars in inventory_dir, with the SSH key of this lab's LAB_STATE."""
+        src = os.path.join(root, "inventory", "lab", "group_vars")
+        dst = os.path.join(inventory_dir, "group_vars")
         shutil.copytree(src, dst)
         key = "{{ inventory_dir }}/../../lab/.state/id_ed25519"
         found = False
@@ -164,6 +171,14 @@ class Lab:
         proc = run(["docker", "inspect", "-f", "{{.Id}}"] + names, "docker inspect")
         self.ids = proc.stdout.split()
         return took
+
+    def inventory_of(self, root, name):
+        """An inventory for another tree (root): its own group_vars, this lab's hosts.yml."""
+        inventory_dir = os.path.join(self.work, name)
+        if not os.path.isdir(inventory_dir):
+            self.write_group_vars(root, inventory_dir)
+        shutil.copy(self.env["LAB_INVENTORY"], os.path.join(inventory_dir, "hosts.yml"))
+        return inventory_dir
 
     def cpu_seconds(self):
         """CPU time used so far by everything in the lab's containers (their cgroups), or None."""
@@ -300,9 +315,9 @@ def floor(lab, label):
     return steps
 
 
-def strategy_in_use():
+def strategy_in_use(chosen=None):
     """What ansible.cfg's strategy runs on: Mitogen (and its version) or plain linear."""
-    strategy = os.environ.get("ANSIBLE_STRATEGY", "linear (ansible.cfg)")
+    strategy = chosen or os.environ.get("ANSIBLE_STRATEGY", "each tree's ansible.cfg")
     if "raymetal_linear" not in strategy:
         return strategy
     try:
@@ -313,26 +328,32 @@ def strategy_in_use():
         return "%s without Mitogen (not installed): plain linear" % strategy
 
 
-def ansible_env(work):
-    # The repository's ansible.cfg as users run it (raymetal_linear strategy, no persistent
-    # fact cache), with profile_tasks switched on (opt-in since the default output stays
-    # machine-readable) and SSH control sockets of the bench's own: nothing stale from other labs.
+def ansible_env(work, root=REPO, strategy=None):
+    # The tree's ansible.cfg as users run it (no persistent fact cache), with profile_tasks
+    # switched on (opt-in since the default output stays machine-readable) and SSH control
+    # sockets of the bench's own: nothing stale from other labs. --strategy sets one strategy
+    # for every run, so that two trees are compared and not two strategies.
     cp_dir = os.path.join(work, "cp")
     os.makedirs(cp_dir, exist_ok=True)
-    return dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
-                ANSIBLE_SSH_CONTROL_PATH_DIR=cp_dir, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
-                ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks",
-                PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(root, "ansible.cfg"),
+               ANSIBLE_SSH_CONTROL_PATH_DIR=cp_dir, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
+               ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks",
+               PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    if strategy:
+        env["ANSIBLE_STRATEGY"] = strategy
+    return env
 
 
-def site(lab, label):
-    """Run site.yml on the bench inventory; return (seconds, profile [(task, s)], recap {host: counts})."""
+def site(lab, label, root=REPO, inventory=None, extra_vars=(), strategy=None):
+    """Run root's site.yml on the bench inventory; return (seconds, profile [(task, s)], recap {host: counts})."""
     logfile = os.path.join(lab.work, label + ".log")
-    cmd = [os.path.join(BIN, "ansible-playbook"), "site.yml", "-i", lab.inventory_dir]
+    cmd = [os.path.join(BIN, "ansible-playbook"), "site.yml", "-i", inventory or lab.inventory_dir]
+    for extra in extra_vars:
+        cmd += ["-e", extra]
     start = time.monotonic()
     with open(logfile, "w", encoding="utf-8") as fh:
-        proc = subprocess.run(cmd, cwd=REPO, env=ansible_env(lab.work), stdout=fh, stderr=subprocess.STDOUT,
-                              check=False)
+        proc = subprocess.run(cmd, cwd=root, env=ansible_env(lab.work, root, strategy), stdout=fh,
+                              stderr=subprocess.STDOUT, check=False)
     took = time.monotonic() - start
     with open(logfile, encoding="utf-8") as fh:
         text = fh.read()
@@ -391,6 +412,13 @@ def main():
                         help="measure the floor once, before the deploy (default: before and after)")
     parser.add_argument("--top", type=int, default=10, help="how many of the slowest tasks to list")
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir (logs) after a successful run")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also deploy and rerun the tree of this git revision (its ansible.cfg and lab "
+                             "group_vars), on a fresh lab of its own, and compare")
+    parser.add_argument("--strategy", help="ANSIBLE_STRATEGY for every run of every tree (e.g. linear)")
+    parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
+                        help="extra vars for the current tree's runs (not the baseline's), e.g. "
+                             "monitoring_enabled=false to leave out what the baseline did not have")
     args = parser.parse_args()
     if args.prefix == "raymetal":
         sys.exit("--prefix raymetal is the main lab's; the bench needs a lab of its own")
@@ -402,14 +430,25 @@ def main():
     work = tempfile.mkdtemp(prefix="raybench-deploy-")
     lab = Lab(args, work)
     log("node image %s, work dir %s" % (lab.env.get("LAB_IMAGE", "(lab.sh default)"), work))
-    log("Ansible strategy: %s" % strategy_in_use())
+    log("Ansible strategy: %s" % strategy_in_use(args.strategy))
+    baseline_root = None
+    if args.baseline:
+        baseline_root = os.path.join(work, "baseline-tree")
+        os.makedirs(baseline_root)
+        archive = subprocess.run(["git", "-C", REPO, "archive", args.baseline], capture_output=True, check=False)
+        if archive.returncode != 0:
+            shutil.rmtree(work, ignore_errors=True)
+            sys.exit("--baseline %s: git archive failed: %s" % (args.baseline, archive.stderr.decode().strip()))
+        subprocess.run(["tar", "-x", "-C", baseline_root], input=archive.stdout, check=True)
+        log("baseline: the tree of %s in %s" % (args.baseline, baseline_root))
     if lab.leftovers():
         log("removing a %s lab left from an earlier run" % args.prefix)
         lab.down()
     floors, results, lab_up = [], {}, []
     failed = True
     try:
-        order = ["floor 1", "deploy", "floor 2"] if not args.single_floor else ["floor 1", "deploy"]
+        order = ["floor 1", "deploy"] + (["baseline"] if baseline_root else []) + (
+            [] if args.single_floor else ["floor 2"])
         for phase in order:
             log("%s: bringing up a fresh %s lab (not timed)" % (phase, args.prefix))
             lab_up.append(lab.up())
@@ -418,9 +457,17 @@ def main():
                 floors.append((phase, steps, m))
                 log("%s: %.1f s (%s)" % (phase, m["wall"], ", ".join(
                     "%s %.1f s" % (k, v) for k, v in steps.items() if k != "total")))
+            elif phase == "baseline":
+                inventory = lab.inventory_of(baseline_root, "inventory-baseline")
+                for label in ("baseline deploy", "baseline rerun"):
+                    (_, profile, recap), m = measured(lab, label, lambda lb=label: site(
+                        lab, lb.replace(" ", "-"), baseline_root, inventory, strategy=args.strategy))
+                    results[label] = (profile, recap, m)
+                    log("%s: %.1f s; %s" % (label, m["wall"], recap))
             else:
                 for label in ("deploy", "rerun"):
-                    (_, profile, recap), m = measured(lab, label, lambda lb=label: site(lab, lb))
+                    (_, profile, recap), m = measured(lab, label, lambda lb=label: site(
+                        lab, lb, extra_vars=args.extra_vars, strategy=args.strategy))
                     results[label] = (profile, recap, m)
                     log("%s: %.1f s; %s" % (label, m["wall"], recap))
             lab.down()
@@ -472,6 +519,9 @@ def report(args, floors, results, lab_up):
                 print("    %-38s %8.1f" % (step, secs))
     row("fresh deploy: ansible-playbook site.yml", deploy)
     row("no-op rerun: ansible-playbook site.yml", rerun)
+    if "baseline deploy" in results:
+        row("fresh deploy: the tree of %s" % args.baseline, results["baseline deploy"][2])
+        row("no-op rerun: the tree of %s" % args.baseline, results["baseline rerun"][2])
     print("-" * len(head))
     print("node CPU: CPU seconds used inside the 3 containers (cgroup cpuacct); ctl CPU: by this script's")
     print("children on the controller (docker CLI, ansible-playbook, ssh, rsync; not dockerd's docker cp).")
@@ -488,6 +538,16 @@ def report(args, floors, results, lab_up):
                                                         verdict(rerun["wall"] < TARGET_RERUN_S)))
     changed = dict((h, c["changed"]) for h, c in rerun_recap.items() if c["changed"])
     print("no-op rerun changed: %s" % (changed or "0 on every host"))
+    if "baseline deploy" in results:
+        print()
+        print("Against the baseline %s (same lab image, wheelhouse and strategy: %s; current tree's extra vars: %s):"
+              % (args.baseline, args.strategy or "each tree's ansible.cfg", " ".join(args.extra_vars) or "none"))
+        for label, mine in (("fresh deploy", deploy), ("no-op rerun", rerun)):
+            base = results["baseline " + label.split()[-1]][2]
+            ratio_b = mine["wall"] / base["wall"]
+            print("  %-13s now %6.1f s, baseline %6.1f s: %.2fx  no slower (<= %.2fx, this machine's run-to-run "
+                  "noise): %s" % (label, mine["wall"], base["wall"], ratio_b, TARGET_BASELINE,
+                                  verdict(ratio_b <= TARGET_BASELINE)))
     for title, profile in (("no-op rerun", rerun_profile), ("fresh deploy", deploy_profile)):
         print()
         print("Slowest tasks of the %s (profile_tasks: wall time of each task, all hosts):" % title)
