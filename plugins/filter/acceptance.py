@@ -211,6 +211,15 @@ def acceptance_report(nodes, pinned=None, fail_keys=None, traffic=None):
         sent = ["%s to %s %.2f Gb/s" % (t.get("kind"), t.get("dst"), t["gbps"]) for t in traffic or []
                 if t.get("src") == host and t.get("gbps") is not None]
         for item in traffic or []:
+            if item.get("src") != host or item.get("kind") != "nccl":
+                continue
+            if item.get("busbw_gbs") is not None:
+                sent.append("NCCL all-reduce %d rank(s) busbw %.2f GB/s (algbw %.2f GB/s) via %s%s" % (
+                    item.get("ranks") or 0, item["busbw_gbs"], item.get("algbw_gbs") or 0,
+                    item.get("transport") or "no network (one rank)", "/GDRDMA" if item.get("gdrdma") else ""))
+            elif item.get("note"):
+                sent.append(item["note"])
+        for item in traffic or []:
             if item.get("src") == host and item.get("mb_per_s") is not None:
                 text = "Ray object to %s %.1f MB/s" % (item.get("dst"), item["mb_per_s"])
                 if item.get("ratio") is not None:
@@ -350,7 +359,8 @@ def rdma_ring_next(host, hosts, hostvars, key="__acceptance_rdma_device"):
     return ring_next(host, members) or ""
 
 
-def acceptance_traffic(hosts, hostvars, keys=("__acceptance_traffic_items", "__acceptance_ray_items")):
+def acceptance_traffic(hosts, hostvars, keys=("__acceptance_traffic_items", "__acceptance_ray_items",
+                                              "__acceptance_nccl_items")):
     """Every ring result the hosts recorded (a list per host under each of ``keys``), in host order."""
     items = []
     for key in [keys] if isinstance(keys, str) else keys:
@@ -471,6 +481,56 @@ def nccl_verdict(transport, rdma_fabric, host, ranks=2):
     return None
 
 
+def nccl_allreduce_items(res, hosts, hostvars, rdma_kinds=("infiniband", "roce")):
+    """Per-rank results of roles/acceptance/files/ray_nccl.py, named by host, with NCCL's transport.
+
+    ``res`` is the registered script result; ranks are matched to hosts by their fabric address, and
+    a host whose fabric is one of ``rdma_kinds`` must see NCCL use the network over IB (nccl_verdict).
+    Each item: {kind: nccl, src, dst: None, ranks, bytes, seconds, algbw_gbs, busbw_gbs, transport,
+    gdrdma, library, error, severity}; {kind: nccl, src: the head, note} when nothing ran on a GPU.
+    """
+    res = res or {}
+    by_ip, rdma = {}, {}
+    for host in hosts or []:
+        hvars = hostvars[host] if host in hostvars else {}
+        fabric = (hvars.get("ansible_facts") or {}).get("fabric") or {}
+        if fabric.get("address"):
+            by_ip[fabric["address"]] = host
+        rdma[host] = fabric.get("kind") in rdma_kinds
+    head = (hosts or ["head"])[0]
+    if res.get("skipped"):
+        return []
+    try:
+        data = json.loads((res.get("stdout") or "").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        data = {"error": "ray_nccl.py failed (rc=%s): %s" % (
+            res.get("rc"), ((res.get("stderr") or res.get("msg") or "").strip().splitlines() or ["no output"])[-1][:300])}
+    if not isinstance(data, dict):
+        data = {"error": "unexpected output from ray_nccl.py: %r" % (res.get("stdout") or "")[:200]}
+    if data.get("skipped"):
+        return [{"kind": "nccl", "src": head, "dst": None, "note": "NCCL all-reduce not run: %s" % data["skipped"]}]
+    if data.get("error"):
+        return [{"kind": "nccl", "src": head, "dst": None, "error": data["error"]}]
+    ranks, nbytes = data.get("ranks") or 0, data.get("bytes") or 0
+    items = []
+    for result in data.get("results") or []:
+        host = by_ip.get(result.get("ip"), result.get("ip"))
+        item = {"kind": "nccl", "src": host, "dst": None, "ranks": ranks, "bytes": nbytes,
+                "seconds": result.get("seconds"), "algbw_gbs": None, "busbw_gbs": None,
+                "library": result.get("library"), "error": result.get("error")}
+        item.update(dict((k, v) for k, v in nccl_transport(result.get("nccl_log")).items()
+                         if k in ("transport", "gdrdma", "version")))
+        if not item["error"] and result.get("sum_ok") is False:
+            item["error"] = "the all-reduce returned a wrong sum (expected %d on every element)" % ranks
+        if not item["error"] and item["seconds"]:
+            item["algbw_gbs"], item["busbw_gbs"] = nccl_busbw(nbytes, item["seconds"], ranks)
+            finding = nccl_verdict(item, rdma.get(host, False), host, ranks)
+            if finding:
+                item["error"], item["severity"] = finding["message"], finding["severity"]
+        items.append(item)
+    return items
+
+
 def ring_pairs(hosts):
     """[(sender, receiver)]: each host sends to the next, the last to the first (none for one host)."""
     hosts = list(hosts or [])
@@ -507,4 +567,5 @@ class FilterModule:
             "nccl_transport": nccl_transport,
             "nccl_busbw": nccl_busbw,
             "nccl_verdict": nccl_verdict,
+            "nccl_allreduce_items": nccl_allreduce_items,
         }

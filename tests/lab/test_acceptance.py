@@ -59,7 +59,14 @@ def test_healthy_lab_passes_with_a_json_report_and_iperf3_figures(cluster, lab):
     for kind in ("iperf3", "ray_object"):
         traffic = [t for t in report["traffic"] if t["kind"] == kind]
         assert sorted(t["src"] for t in traffic) == sorted(lab) and sorted(t["dst"] for t in traffic) == sorted(lab)
+    # NCCL through Ray: the script ran through Ray on the head and found no node that offers a GPU.
+    nccl = [t for t in report["traffic"] if t["kind"] == "nccl"]
+    note = "NCCL all-reduce not run: no alive Ray node offers a GPU (Ray's GPU resource)"
+    assert nccl == [{"kind": "nccl", "src": labkit.HEAD, "dst": None, "note": note}], nccl
+    assert report["nodes"][labkit.HEAD]["figures"].endswith(note)
     for item in report["traffic"]:
+        if item["kind"] == "nccl":
+            continue
         assert item["error"] is None, item
         figures = report["nodes"][item["src"]]["figures"]
         if item["kind"] == "iperf3":

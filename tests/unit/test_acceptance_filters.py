@@ -7,6 +7,7 @@ filter sees exactly what the playbook hands it.
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from pathlib import Path
 
@@ -358,3 +359,87 @@ def test_the_gate_hands_over_only_the_hosts_it_left_out_with_their_reasons():
     }
     assert gate(["head", "w1", "w2", "ghost"], hostvars) == {
         "w1": "acceptance gate: FAIL 0 GPU(s) on the PCI bus, 8 expected; mlx5_3:1 (ib3) is DOWN"}
+
+
+def nccl_run(results, ranks=None, nbytes=2**28):
+    """A registered result of roles/acceptance/files/ray_nccl.py with these per-rank results."""
+    payload = {"ranks": ranks or len(results), "bytes": nbytes, "iters": 20, "results": results}
+    return {"rc": 0, "stdout": "(ray's own log line)\n" + json.dumps(payload), "stderr": ""}
+
+
+def rdma_hostvars(kind="infiniband"):
+    return dict((h, {"ansible_facts": {"fabric": {"address": ip, "kind": kind}}}) for h, ip in (
+        ("head", "10.0.0.1"), ("worker1", "10.0.0.2")))
+
+
+def test_an_nccl_allreduce_through_ray_reports_busbw_and_the_transport_per_node():
+    log = (NCCL / "allreduce_ib.log").read_text()
+    res = nccl_run([{"ip": "10.0.0.1", "rank": 0, "seconds": 0.01, "sum_ok": True, "nccl_log": log},
+                    {"ip": "10.0.0.2", "rank": 1, "seconds": 0.0125, "sum_ok": True, "nccl_log": log}])
+    items = acceptance.nccl_allreduce_items(res, ["head", "worker1"], rdma_hostvars())
+    assert [(i["src"], i["transport"], i["gdrdma"], i["busbw_gbs"]) for i in items] == [
+        ("head", "NET/IB", True, 26.844), ("worker1", "NET/IB", True, 21.475)]
+    report = acceptance.acceptance_report({"head": record(), "worker1": record()}, traffic=items)
+    assert report["failed"] is False
+    assert report["lines"][1].endswith(", NCCL all-reduce 2 rank(s) busbw 21.48 GB/s (algbw 21.48 GB/s) "
+                                       "via NET/IB/GDRDMA")
+
+
+def test_nccl_on_sockets_over_an_rdma_fabric_fails_the_node_with_the_reason():
+    ib, socket = (NCCL / "allreduce_ib.log").read_text(), (NCCL / "allreduce_socket.log").read_text()
+    res = nccl_run([{"ip": "10.0.0.1", "rank": 0, "seconds": 0.2, "sum_ok": True, "nccl_log": ib},
+                    {"ip": "10.0.0.2", "rank": 1, "seconds": 0.2, "sum_ok": True, "nccl_log": socket}])
+    items = acceptance.nccl_allreduce_items(res, ["head", "worker1"], rdma_hostvars())
+    report = acceptance.acceptance_report({"head": record(), "worker1": record()}, traffic=items)
+    assert report["nodes"]["head"]["verdict"] == "PASS"
+    assert report["lines"][1].startswith("worker1: FAIL nccl: NCCL chose NET/Socket on an RDMA fabric")
+    # On plain Ethernet, sockets are all NCCL has.
+    items = acceptance.nccl_allreduce_items(res, ["head", "worker1"], rdma_hostvars("ethernet"))
+    assert [i.get("error") for i in items] == [None, None]
+
+
+def test_nccl_without_gpudirect_rdma_warns():
+    log = (NCCL / "allreduce_ib_no_gdr.log").read_text()
+    res = nccl_run([{"ip": "10.0.0.1", "rank": 0, "seconds": 0.05, "sum_ok": True, "nccl_log": log},
+                    {"ip": "10.0.0.2", "rank": 1, "seconds": 0.05, "sum_ok": True, "nccl_log": log}])
+    items = acceptance.nccl_allreduce_items(res, ["head", "worker1"], rdma_hostvars())
+    report = acceptance.acceptance_report({"head": record(), "worker1": record()}, traffic=items)
+    assert report["summary"] == {"PASS": 0, "WARN": 2, "FAIL": 0}
+    assert "without GPUDirect RDMA" in report["lines"][0]
+
+
+def test_a_rank_that_failed_or_hung_fails_its_own_node_and_a_wrong_sum_fails_too():
+    res = nccl_run([{"ip": "10.0.0.1", "rank": 0, "error": "RuntimeError: CuPy is not in Ray's venv (No module "
+                                                          "named 'cupy'). Fix: add cupy-cuda12x"},
+                    {"ip": "10.0.0.2", "rank": 1, "error": "no answer in 300 s"}])
+    items = acceptance.nccl_allreduce_items(res, ["head", "worker1"], rdma_hostvars())
+    report = acceptance.acceptance_report({"head": record(), "worker1": record()}, traffic=items)
+    assert report["lines"] == ["head: FAIL nccl: RuntimeError: CuPy is not in Ray's venv (No module named 'cupy'). "
+                               "Fix: add cupy-cuda12x", "worker1: FAIL nccl: no answer in 300 s"]
+    log = (NCCL / "allreduce_ib.log").read_text()
+    res = nccl_run([{"ip": "10.0.0.1", "rank": 0, "seconds": 0.01, "sum_ok": False, "nccl_log": log}], ranks=2)
+    items = acceptance.nccl_allreduce_items(res, ["head", "worker1"], rdma_hostvars())
+    assert items[0]["error"] == "the all-reduce returned a wrong sum (expected 2 on every element)"
+
+
+def test_one_gpu_node_proves_nccl_loads_and_no_gpu_is_a_note_not_a_failure():
+    res = nccl_run([{"ip": "10.0.0.1", "rank": 0, "seconds": 0.001, "sum_ok": True,
+                     "nccl_log": (NCCL / "single_gpu.log").read_text()}])
+    items = acceptance.nccl_allreduce_items(res, ["head", "worker1"], rdma_hostvars())
+    assert (items[0]["busbw_gbs"], items[0]["transport"], items[0].get("error")) == (0.0, None, None)
+    report = acceptance.acceptance_report({"head": record(), "worker1": record()}, traffic=items)
+    assert report["lines"][0].endswith("NCCL all-reduce 1 rank(s) busbw 0.00 GB/s (algbw 268.44 GB/s) "
+                                       "via no network (one rank)")
+    skipped = {"rc": 0, "stdout": json.dumps({"skipped": "no alive Ray node offers a GPU (Ray's GPU resource)"})}
+    items = acceptance.nccl_allreduce_items(skipped, ["head", "worker1"], rdma_hostvars())
+    report = acceptance.acceptance_report({"head": record(), "worker1": record()}, traffic=items)
+    assert report["failed"] is False
+    assert report["lines"][0].endswith("NCCL all-reduce not run: no alive Ray node offers a GPU (Ray's GPU resource)")
+
+
+def test_an_nccl_script_that_crashed_is_a_readable_head_failure():
+    items = acceptance.nccl_allreduce_items({"rc": 1, "stdout": "", "stderr": "Traceback...\nConnectionError: GCS"},
+                                            ["head", "worker1"], rdma_hostvars())
+    assert items == [{"kind": "nccl", "src": "head", "dst": None,
+                      "error": "ray_nccl.py failed (rc=1): ConnectionError: GCS"}]
+    assert acceptance.nccl_allreduce_items({"skipped": True}, ["head"], {}) == []

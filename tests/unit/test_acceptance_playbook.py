@@ -38,7 +38,7 @@ def inventory(tmp_path, trees):
     (site / "group_vars" / "ray_cluster.yml").write_text(
         "acceptance_ray_python: %s\nacceptance_expected_gpus: 8\nacceptance_packages: []\n"
         # No traffic between local "hosts" that share one network stack; the lab tests the rings.
-        "acceptance_traffic: false\nacceptance_ray_object: false\n" % sys.executable)
+        "acceptance_traffic: false\nacceptance_ray_object: false\nacceptance_nccl_allreduce: false\n" % sys.executable)
     return site
 
 
