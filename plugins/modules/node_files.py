@@ -1,0 +1,220 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: raymetal contributors
+# SPDX-License-Identifier: Apache-2.0
+"""Put several directories and small files in place on a node in one module run."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: node_files
+short_description: Directories and small text files, each with its owner, group and mode, in one round trip
+version_added: "0.3.0"
+description:
+  - Puts every entry of O(files) in place in one module run: one round trip to the node instead of one
+    (or two) per file with M(ansible.builtin.template) or M(ansible.builtin.copy). Roles render the
+    contents on the controller (C(lookup('ansible.builtin.template', ...)),
+    C(lookup('ansible.builtin.file', ...))) and hand them over here.
+  - A file is written (to a temporary file beside it, then renamed over it) only when its content
+    differs; owner, group and mode are set when they differ. A directory is created when missing
+    (its parents too, as C(mkdir -p)), then given its owner, group and mode.
+  - Entries are handled in the order given, so a directory listed before the files in it exists first.
+  - "Returns which paths changed (RV(changed_paths)), so that a role can tell which of its files
+    changed (a restart reason each) from one result."
+  - Supports check mode (nothing is written; what would change is reported) and diff mode (a diff
+    per changed file, left out for entries marked O(files[].secret)).
+  - For small configuration files and scripts (their content travels as a module argument);
+    large or binary files belong to M(ansible.builtin.copy) or M(ansible.posix.synchronize).
+options:
+  files:
+    description: What to put in place.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      path:
+        description: Absolute path.
+        type: path
+        required: true
+      state:
+        description:
+          - C(file) writes O(files[].content); C(directory) makes a directory; C(absent) removes a file
+            (never a directory) that should no longer be there.
+        type: str
+        choices: [file, directory, absent]
+        default: file
+      content:
+        description: The file's whole content (text). Required for C(state=file).
+        type: str
+      owner:
+        description: Owner name; unset leaves it as it is (root for a new file).
+        type: str
+      group:
+        description: Group name; unset leaves it as it is.
+        type: str
+      mode:
+        description: Mode as an octal string (C('0644')); unset leaves it as it is (umask for a new file).
+        type: raw
+      secret:
+        description: Keep this entry out of the diff (a token, a password). Its content is still compared.
+        type: bool
+        default: false
+author: raymetal
+"""
+
+EXAMPLES = r"""
+- name: Write the unit, its environment and a helper in one round trip
+  raymetal.cluster.node_files:
+    files:
+      - {path: /etc/ray, state: directory, owner: root, group: ray, mode: "0750"}
+      - {path: /etc/ray/ray.env, content: "{{ lookup('ansible.builtin.template', 'ray.env.j2') }}",
+         owner: root, group: ray, mode: "0640"}
+      - {path: /etc/systemd/system/ray-head.service, content: "{{ lookup('ansible.builtin.template', 'ray.service.j2') }}",
+         owner: root, group: root, mode: "0644"}
+  register: ray_files
+
+- name: Restart when the unit changed
+  ansible.builtin.debug:
+    msg: the unit changed
+  when: "'/etc/systemd/system/ray-head.service' in ray_files.changed_paths"
+"""
+
+RETURN = r"""
+changed_paths:
+  description: The paths whose content, owner, group or mode changed (or would, in check mode), in the given order.
+  returned: always
+  type: list
+  elements: str
+  sample: [/etc/ray/ray.env]
+created:
+  description: The paths that did not exist before.
+  returned: always
+  type: list
+  elements: str
+  sample: []
+"""
+
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.text.converters import to_bytes, to_text
+
+
+def _read(path):
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def _write(module, path, data):
+    """Write data beside path and rename it over path (atomic for readers)."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        module.atomic_move(tmp, path)
+    except Exception:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _attributes(module, entry, changed):
+    """Set owner, group and mode where given; returns whether any differed (check mode: would differ)."""
+    path = entry["path"]
+    mode = entry.get("mode")
+    if entry.get("owner"):
+        changed = module.set_owner_if_different(path, entry["owner"], changed)
+    if entry.get("group"):
+        changed = module.set_group_if_different(path, entry["group"], changed)
+    if mode is not None:
+        changed = module.set_mode_if_different(path, mode, changed)
+    return changed
+
+
+def put(module, entry):
+    """Put one entry in place; returns (changed, created, diff or None)."""
+    path = entry["path"]
+    check = module.check_mode
+    if entry["state"] == "absent":
+        if os.path.isdir(path):
+            module.fail_json(msg="%s is a directory; state=absent removes files only" % path)
+        if not os.path.lexists(path):
+            return False, False, None
+        if not check:
+            os.unlink(path)
+        return True, False, {"before_header": path, "after_header": path, "before": "(present)\n",
+                             "after": "(absent)\n"}
+    if entry["state"] == "directory":
+        if os.path.isdir(path):
+            return _attributes(module, entry, False), False, None
+        if os.path.exists(path):
+            module.fail_json(msg="%s exists and is not a directory; remove it or choose another path" % path)
+        if check:
+            return True, True, {"before_header": path, "after_header": path, "before": "(absent)\n",
+                                "after": "(directory)\n"}
+        os.makedirs(path)
+        _attributes(module, entry, True)
+        return True, True, None
+    if entry.get("content") is None:
+        module.fail_json(msg="files: %s has state=file but no content" % path)
+    wanted = to_bytes(entry["content"], errors="surrogate_or_strict")
+    if os.path.isdir(path):
+        module.fail_json(msg="%s is a directory; a file was asked for" % path)
+    current = _read(path)
+    created = current is None
+    changed = current != wanted
+    diff = None
+    if changed and not entry.get("secret"):
+        diff = {"before_header": path, "after_header": path,
+                "before": "" if created else to_text(current, errors="surrogate_or_replace"),
+                "after": to_text(wanted, errors="surrogate_or_replace")}
+    if changed and check:
+        # Attributes of a file not written yet cannot be compared: it will be changed anyway.
+        if not created:
+            _attributes(module, entry, True)
+        return True, created, diff
+    if changed:
+        _write(module, path, wanted)
+    return _attributes(module, entry, changed), created, diff
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            files=dict(type="list", elements="dict", required=True, options=dict(
+                path=dict(type="path", required=True),
+                state=dict(type="str", choices=["file", "directory", "absent"], default="file"),
+                content=dict(type="str"),
+                owner=dict(type="str"),
+                group=dict(type="str"),
+                mode=dict(type="raw"),
+                secret=dict(type="bool", default=False, no_log=False),
+            )),
+        ),
+        supports_check_mode=True,
+    )
+    changed_paths, created, diffs = [], [], []
+    for entry in module.params["files"]:
+        if not os.path.isabs(entry["path"]):
+            module.fail_json(msg="files: %r is not an absolute path" % entry["path"])
+        changed, was_created, diff = put(module, entry)
+        if changed:
+            changed_paths.append(entry["path"])
+        if was_created:
+            created.append(entry["path"])
+        if diff:
+            diffs.append(diff)
+    result = dict(changed=bool(changed_paths), changed_paths=changed_paths, created=created)
+    if module._diff:
+        result["diff"] = diffs
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""node_files: directories and small files in one module run (plugins/modules/node_files.py)."""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import stat
+
+import pytest
+
+from module_harness import ExitJson, FailJson, run_module
+
+import node_files  # (plugins/modules is on sys.path through module_harness)
+
+OWNER = pwd.getpwuid(os.getuid()).pw_name
+GROUP = grp.getgrgid(os.getgid()).gr_name
+
+
+def run(files, check=False, diff=False):
+    args = {"files": files, "_ansible_check_mode": check, "_ansible_diff": diff}
+    outcome, result = run_module(node_files, args)
+    if outcome is FailJson:
+        raise AssertionError(result["msg"])
+    assert outcome is ExitJson
+    return result
+
+
+def mode(path):
+    return "%04o" % stat.S_IMODE(os.stat(path).st_mode)
+
+
+def layout(tmp_path):
+    conf = tmp_path / "etc" / "ray"
+    return [
+        {"path": str(conf), "state": "directory", "owner": OWNER, "group": GROUP, "mode": "0750"},
+        {"path": str(conf / "ray.env"), "content": "RAY_AUTH_MODE=token\n", "owner": OWNER, "group": GROUP,
+         "mode": "0640"},
+        {"path": str(conf / "start"), "content": "#!/bin/sh\nexec ray start\n", "mode": "0755"},
+    ]
+
+
+def test_first_run_creates_everything_in_order_and_a_second_changes_nothing(tmp_path):
+    files = layout(tmp_path)
+    result = run(files)
+    assert result["changed"] is True
+    assert result["changed_paths"] == result["created"] == [f["path"] for f in files]
+    assert (mode(files[0]["path"]), mode(files[1]["path"]), mode(files[2]["path"])) == ("0750", "0640", "0755")
+    assert open(files[1]["path"]).read() == "RAY_AUTH_MODE=token\n"
+    again = run(files)
+    assert (again["changed"], again["changed_paths"], again["created"]) == (False, [], [])
+
+
+def test_only_the_file_that_differs_is_named_with_its_diff_and_a_secret_has_none(tmp_path):
+    files = layout(tmp_path)
+    run(files)
+    before = os.stat(files[2]["path"]).st_ino
+    files[1]["content"] = "RAY_AUTH_MODE=token\nNCCL_DEBUG=WARN\n"
+    result = run(files, diff=True)
+    assert result["changed_paths"] == [files[1]["path"]]
+    assert result["diff"] == [{"before_header": files[1]["path"], "after_header": files[1]["path"],
+                               "before": "RAY_AUTH_MODE=token\n", "after": "RAY_AUTH_MODE=token\nNCCL_DEBUG=WARN\n"}]
+    assert os.stat(files[2]["path"]).st_ino == before  # untouched
+    files[1]["content"], files[1]["secret"] = "token=0123\n", True
+    result = run(files, diff=True)
+    assert result["changed_paths"] == [files[1]["path"]] and result["diff"] == []
+
+
+def test_a_mode_that_differs_is_set_without_rewriting_the_content(tmp_path):
+    files = layout(tmp_path)
+    run(files)
+    os.chmod(files[1]["path"], 0o644)
+    inode = os.stat(files[1]["path"]).st_ino
+    result = run(files)
+    assert result["changed_paths"] == [files[1]["path"]]
+    assert mode(files[1]["path"]) == "0640" and os.stat(files[1]["path"]).st_ino == inode
+
+
+def test_check_mode_writes_nothing_and_names_what_would_change(tmp_path):
+    files = layout(tmp_path)
+    result = run(files, check=True, diff=True)
+    assert result["changed_paths"] == [f["path"] for f in files]
+    assert not os.path.exists(files[0]["path"])
+    run(files)
+    os.chmod(files[2]["path"], 0o700)
+    result = run(files, check=True)
+    assert result["changed_paths"] == [files[2]["path"]] and mode(files[2]["path"]) == "0700"
+
+
+def test_absent_removes_a_file_that_should_no_longer_be_there(tmp_path):
+    files = layout(tmp_path)
+    run(files)
+    gone = {"path": files[2]["path"], "state": "absent"}
+    assert run([gone], check=True)["changed_paths"] == [gone["path"]] and os.path.exists(gone["path"])
+    assert run([gone])["changed_paths"] == [gone["path"]] and not os.path.exists(gone["path"])
+    assert run([gone])["changed"] is False
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"path": "etc/ray.env", "content": "x"}, "'etc/ray.env' is not an absolute path"),
+    ({"path": "/nonexistent-dir-for-test/x"}, "has state=file but no content"),
+    ({"path": "/", "content": "x"}, "/ is a directory; a file was asked for"),
+    ({"path": "/", "state": "absent"}, "/ is a directory; state=absent removes files only"),
+])
+def test_bad_entries_fail_with_a_message_that_names_the_path(entry, message):
+    outcome, result = run_module(node_files, {"files": [entry]})
+    assert outcome is FailJson and message in result["msg"]
