@@ -211,6 +211,12 @@ def acceptance_report(nodes, pinned=None, fail_keys=None, traffic=None):
         sent = ["%s to %s %.2f Gb/s" % (t.get("kind"), t.get("dst"), t["gbps"]) for t in traffic or []
                 if t.get("src") == host and t.get("gbps") is not None]
         for item in traffic or []:
+            if item.get("src") == host and item.get("mb_per_s") is not None:
+                text = "Ray object to %s %.1f MB/s" % (item.get("dst"), item["mb_per_s"])
+                if item.get("ratio") is not None:
+                    text += " (TCP %.1f MB/s, ratio %.2f)" % (item["tcp_mb_per_s"], item["ratio"])
+                sent.append(text)
+        for item in traffic or []:
             if item.get("src") != host or item.get("kind") != "nccl":
                 continue
             if item.get("busbw_gbs") is not None:
@@ -219,12 +225,6 @@ def acceptance_report(nodes, pinned=None, fail_keys=None, traffic=None):
                     item.get("transport") or "no network (one rank)", "/GDRDMA" if item.get("gdrdma") else ""))
             elif item.get("note"):
                 sent.append(item["note"])
-        for item in traffic or []:
-            if item.get("src") == host and item.get("mb_per_s") is not None:
-                text = "Ray object to %s %.1f MB/s" % (item.get("dst"), item["mb_per_s"])
-                if item.get("ratio") is not None:
-                    text += " (TCP %.1f MB/s, ratio %.2f)" % (item["tcp_mb_per_s"], item["ratio"])
-                sent.append(text)
         if sent:
             figures = ", ".join([figures] + sent)
         report["nodes"][host] = {"verdict": verdict, "findings": findings, "figures": figures,

@@ -1,0 +1,89 @@
+"""Scale out on the lab (playbooks/scale-out.yml): a fresh container joins the running cluster.
+
+The test adds a third worker to the session's deployed lab (lab/lab.sh up with LAB_WORKERS=3: the
+existing containers are left as they are), runs scale-out.yml as the README says, and checks what
+users are promised: the new worker is an ALIVE Ray node, no existing node restarted (same unit
+invocations), a job that was running keeps running, and every node's firewall admits the new
+worker's fabric address. It leaves the lab as it found it: three nodes, every firewall and the
+monitoring targets without the extra worker (lab.sh up with two workers, then site.yml).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+
+from tests.lab import labkit
+
+HEAD = labkit.HEAD
+NEW = f"{labkit.LAB_PREFIX}-worker3"
+TOKEN_ENV = "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=/etc/ray/auth_token"
+
+
+def lab_up(workers: int) -> dict[str, dict]:
+    env = dict(os.environ, LAB_WORKERS=str(workers))
+    proc = subprocess.run(["bash", str(labkit.ROOT / "lab" / "lab.sh"), "up"], cwd=labkit.ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return labkit.lab_hosts()
+
+
+def ray_job(lab, args: str):
+    ip = lab[HEAD]["lab_fabric_ip"]
+    return labkit.sh(HEAD, f"{TOKEN_ENV}; cd /tmp && /opt/ray/venv/bin/ray job {args.replace('ADDRESS', f'http://{ip}:8265')}",
+                     check=False)
+
+
+def job_status(lab, job_id: str) -> str:
+    out = labkit.sh(HEAD, f"curl -s -m 10 -H \"Authorization: Bearer $(cat /etc/ray/auth_token)\" "
+                          f"http://{lab[HEAD]['lab_fabric_ip']}:8265/api/jobs/{job_id}", check=False).stdout
+    try:
+        return json.loads(out).get("status", out[:200])
+    except ValueError:
+        return out[:200]
+
+
+def test_scale_out_joins_a_new_worker_without_restarting_anyone_and_every_firewall_admits_it(cluster, lab):
+    job_id = f"raymetal-scale-out-{uuid.uuid4().hex[:8]}"
+    submitted = ray_job(lab, f"submit --address ADDRESS --no-wait --submission-id {job_id} "
+                             "-- python -c 'import time; time.sleep(900)'")
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    new_ip = None
+    try:
+        labkit.wait_until(lambda: job_status(lab, job_id) == "RUNNING", 120, what=f"job {job_id} RUNNING")
+        units_before = labkit.invocation_ids(lab)
+        grown = lab_up(3)
+        assert set(grown) == set(lab) | {NEW}, grown
+        new_ip = grown[NEW]["lab_fabric_ip"]
+
+        started = time.monotonic()
+        rc, out, stats = labkit.run_playbook("playbooks/scale-out.yml", labkit.LAB_INVENTORY)
+        took = time.monotonic() - started
+        assert rc == 0, out
+        print(f"\nscale-out.yml: {NEW} joined in {took:.1f} s")
+        assert labkit.alive_ips(grown) == {h["lab_fabric_ip"] for h in grown.values()}
+        # No existing node restarted, and the running job is still running.
+        assert labkit.invocation_ids(lab) == units_before
+        assert job_status(lab, job_id) == "RUNNING"
+        # Every firewall admits the new worker; the new worker's admits every node.
+        for name in lab:
+            rules = labkit.sh(name, "nft list table inet raymetal").stdout
+            assert new_ip in rules, (name, rules)
+        rules = labkit.sh(NEW, "nft list table inet raymetal").stdout
+        assert all(h["lab_fabric_ip"] in rules for h in lab.values()), rules
+        # A rerun of scale-out.yml is a no-op everywhere.
+        rc, again, stats = labkit.run_playbook("playbooks/scale-out.yml", labkit.LAB_INVENTORY)
+        assert rc == 0, again
+        changed = {host: counts["changed"] for host, counts in stats.items() if counts["changed"]}
+        assert changed == {}, (changed, again)
+    finally:
+        ray_job(lab, f"stop --address ADDRESS {job_id}")
+        lab_up(2)
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+        assert rc == 0, out
+    assert labkit.alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
+    for name in lab:
+        assert new_ip not in labkit.sh(name, "nft list table inet raymetal").stdout, name
