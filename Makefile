@@ -32,8 +32,9 @@ venv: $(BIN)/.installed ## Create .venv with the pinned toolchain
 lab-up: deps venv ## Start the lab: 1 head + LAB_WORKERS (2) workers, offline, with ib0
 	@bash $(LAB) up
 
-lab-down: ## Remove the lab's containers, networks and key (keeps the cached image and wheelhouse)
+lab-down: ## Remove the lab's containers, networks and key, and any lab beside it (keeps the cached image and wheelhouse)
 	@bash $(LAB) down
+	@for d in lab/.labs/*/; do [ ! -d "$$d" ] || LAB_PREFIX=$$(basename "$$d") bash $(LAB) down; done
 
 lab-status: ## Show the lab's nodes
 	@bash $(LAB) status
@@ -65,8 +66,11 @@ molecule: venv lab-prep ## Molecule scenarios (each with its idempotence step)
 	  $(BIN)/molecule test -s $$s || exit 1; \
 	done
 
-e2e: lab-up ## End-to-end tests against the lab
-	$(BIN)/pytest -q --durations=20 tests/lab
+# Labs side by side for the end-to-end tests (tools/e2e.sh; 1 runs them all on the built-in lab).
+E2E_LABS ?= 2
+
+e2e: deps venv lab-prep ## End-to-end tests against the lab (E2E_LABS labs side by side, default 2)
+	@E2E_LABS=$(E2E_LABS) bash tools/e2e.sh
 
 test: ## Everything CI runs: lint and unit while the lab image builds, then molecule beside the lab end-to-end tests; cleans up
 	@rc=0; \

@@ -17,9 +17,17 @@ import ansible_runner
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB_INVENTORY = ROOT / "inventory" / "lab"
 VENV_BIN = ROOT / ".venv" / "bin"
 LAB_PREFIX = os.environ.get("LAB_PREFIX", "raymetal")
+# Where lab/lab.sh keeps this lab's inventory and SSH key: the built-in lab
+# (inventory/lab), or another prefix's own directory beside it (lab/.labs/PREFIX).
+# The same environment variables as lab.sh: a test run and lab.sh agree.
+_OWN = ROOT / "lab" / ".labs" / LAB_PREFIX
+LAB_INVENTORY = (Path(os.environ["LAB_INVENTORY"]).parent if os.environ.get("LAB_INVENTORY")
+                 else ROOT / "inventory" / "lab" if LAB_PREFIX == "raymetal" else _OWN / "inventory")
+LAB_STATE = (Path(os.environ["LAB_STATE"]) if os.environ.get("LAB_STATE")
+             else ROOT / "lab" / ".state" if LAB_PREFIX == "raymetal" else _OWN / "state")
+LAB_KEY = LAB_STATE / "id_ed25519"
 # The lab's node names (lab/lab.sh names them <LAB_PREFIX>-head, -worker1, ...).
 HEAD = f"{LAB_PREFIX}-head"
 WORKER1 = f"{LAB_PREFIX}-worker1"
@@ -104,10 +112,8 @@ def run_playbook(playbook: str, inventory: Path | str, *args: str, timeout: int 
 def inventory_copy(tmp_path: Path, host_vars: dict[str, dict] | None = None) -> Path:
     """The lab inventory copied under tmp_path (same token: credentials/ is linked), with extra host_vars."""
     inv = Path(tmp_path) / "inventory"
-    shutil.copytree(LAB_INVENTORY, inv, ignore=shutil.ignore_patterns("credentials"))
+    shutil.copytree(LAB_INVENTORY, inv, ignore=shutil.ignore_patterns("credentials", "acceptance"))
     (inv / "credentials").symlink_to(LAB_INVENTORY / "credentials")
-    group_vars = inv / "group_vars" / "ray_cluster.yml"
-    group_vars.write_text(group_vars.read_text().replace("{{ inventory_dir }}/../../lab", str(ROOT / "lab")))
     (inv / "host_vars").mkdir(exist_ok=True)
     for host, values in (host_vars or {}).items():
         (inv / "host_vars" / f"{host}.yml").write_text(yaml.safe_dump(values))

@@ -8,7 +8,7 @@ import subprocess
 from raymetal.runner import status
 from tests.lab import labkit
 
-WORKER = "raymetal-worker1"
+WORKER = labkit.WORKER1
 
 
 def adhoc(host, module, args=""):
@@ -57,7 +57,7 @@ def test_nccl_is_installed_verified_and_bound_to_the_fabric(cluster, lab):
 
 
 def test_status_names_a_stopped_worker_and_sees_it_return(cluster, lab):
-    name = "raymetal-worker2"
+    name = labkit.WORKER2
     labkit.sh(name, "systemctl stop ray-worker")
     try:
         facts = labkit.wait_until(

@@ -60,7 +60,7 @@ def test_status_prints_one_table_and_exits_0_when_all_alive(cluster, lab):
     assert not re.search(r"^\s+- ['\"]", out, re.M), "summary printed as a quoted YAML list"
     tunnel = next(line for line in block if "from a workstation:" in line)
     head = next(h for h, v in lab.items() if v["group"] == "ray_head")
-    assert "-i lab/.state/id_ed25519 " in tunnel and tunnel.endswith(f"root@{lab[head]['ansible_host']}")
+    assert f"-i {labkit.LAB_KEY.relative_to(labkit.ROOT)} " in tunnel and tunnel.endswith(f"root@{lab[head]['ansible_host']}")
     assert FAIL_TASK not in out or "skipping: [" in out.split(FAIL_TASK)[1][:400]
 
 

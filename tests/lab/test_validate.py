@@ -40,7 +40,7 @@ def make_inventory(tmp_path, case, lab):
     shutil.copy(FIXTURES / f"{case}.yml", inv / "hosts.yml")
     lab_vars = yaml.safe_load((labkit.LAB_INVENTORY / "group_vars" / "ray_cluster.yml").read_text())
     connection = {k: v for k, v in lab_vars.items() if k.startswith("ansible_")}
-    connection["ansible_ssh_private_key_file"] = str(labkit.ROOT / "lab" / ".state" / "id_ed25519")
+    connection["ansible_ssh_private_key_file"] = str(labkit.LAB_KEY)
     connection["ansible_ssh_common_args"] += " -o ConnectTimeout=3"
     head_ip = lab["raymetal-head"]["ansible_host"]
     connection["lab_unused_address"] = head_ip.rsplit(".", 1)[0] + ".250"
