@@ -37,6 +37,9 @@ else
   LAB_INVENTORY=${LAB_INVENTORY:-$LAB_DIR/.labs/$LAB_PREFIX/inventory/hosts.yml}
 fi
 RAY_VERSION=${RAY_VERSION:-2.60.0}
+# The upgrade test deploys this older Ray first: its wheelhouse is the lab's
+# (hard links) plus that version's wheels, in wheelhouse-ray-VERSION.
+LAB_OLD_RAY_VERSION=${LAB_OLD_RAY_VERSION:-2.59.0}
 NCCL_WHEEL=${NCCL_WHEEL:-nvidia-nccl-cu12==2.32.3}
 PIP=${PIP:-$ROOT/.venv/bin/pip}
 # Directories whose file listing is recorded on each new node (LAB_STATE/NAME.fresh-files).
@@ -230,6 +233,25 @@ cmd_wheelhouse() {
     "$PIP" download -q --no-deps -d "$wh" "$NCCL_WHEEL" || die "pip download of $NCCL_WHEEL failed"
     touch "$mark"
   fi
+  [[ -z $LAB_OLD_RAY_VERSION ]] || old_wheelhouse "$wh" "$LAB_CACHE/wheelhouse-ray-$LAB_OLD_RAY_VERSION"
+}
+
+# The lab's wheelhouse plus an older Ray (LAB_OLD_RAY_VERSION), for the upgrade
+# test: the same files as hard links (no extra space) and what that version
+# alone needs. Cached.
+old_wheelhouse() {
+  local wh=$1 old=$2
+  if [[ -f $old/.complete-ray-$LAB_OLD_RAY_VERSION ]]; then
+    log "wheelhouse for ray $LAB_OLD_RAY_VERSION is cached in $old"
+    return
+  fi
+  log "adding ray[default]==$LAB_OLD_RAY_VERSION to a copy of the wheelhouse in $old (the upgrade test's)"
+  rm -rf "$old"
+  cp -al "$wh" "$old"
+  rm -f "$old"/.complete-*
+  PYTHONPATH=$ROOT "$(dirname "$PIP")/python" -m raymetal.wheelhouse --dest "$old" "ray[default]==$LAB_OLD_RAY_VERSION" >/dev/null \
+    || die "downloading ray[default]==$LAB_OLD_RAY_VERSION into $old failed (see the message above)"
+  touch "$old/.complete-ray-$LAB_OLD_RAY_VERSION"
 }
 
 ensure_network() {

@@ -7,20 +7,21 @@ deploys it again on the same hosts.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.lab import labkit
 
+# On the second lab of `make e2e` (tools/e2e.sh): it stops, tears down and redeploys the whole cluster.
+E2E_LAB = 2
+
 PREFIX = labkit.LAB_PREFIX
 HEAD = f"{PREFIX}-head"
 REBOOTED = f"{PREFIX}-worker2"
 # What lab/lab.sh records on each new node before anything is deployed.
-LAB_STATE = Path(os.environ.get("LAB_STATE", labkit.ROOT / "lab" / ".state"))
+LAB_STATE = labkit.LAB_STATE
 LISTED_DIRS = "/etc /opt /var/cache /var/lib /usr/local"
 # Files that systemd and the OS change on a running node by themselves.
 OS_NOISE = (

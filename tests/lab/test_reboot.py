@@ -12,6 +12,9 @@ import time
 
 from tests.lab import labkit
 
+# On the second lab of `make e2e` (tools/e2e.sh): it restarts, kills and freezes nodes.
+E2E_LAB = 2
+
 P = labkit.LAB_PREFIX
 HEAD = f"{P}-head"
 

@@ -18,6 +18,9 @@ import uuid
 
 from tests.lab import labkit
 
+# On the second lab of `make e2e` (tools/e2e.sh): it adds a fourth container and takes it away again.
+E2E_LAB = 2
+
 HEAD = labkit.HEAD
 NEW = f"{labkit.LAB_PREFIX}-worker3"
 TOKEN_ENV = "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=/etc/ray/auth_token"

@@ -124,7 +124,7 @@ def render_unit(isolation, **overrides):
     values.update(ansible_managed="Ansible managed", __ray_is_head=False, __ray_head_host="head",
                   hostvars={"head": {"ray_node_ip": "10.1.0.1"}}, __ray_wait_script="/w", __ray_start_script="/s",
                   __ray_venv="/opt/ray/venv-2.60.0", __ray_dashboard_host="10.1.0.1", __ray_num_gpus=8,
-                  __ray_labels_path="/etc/ray/labels.yaml", __ray_isolation=isolation,
+                  __ray_labels_path="/etc/ray/labels.yaml", __ray_isolation=isolation, __ray_gcs_store=False,
                   __ray_cgroup_path="/sys/fs/cgroup/system.slice/ray-worker.service", ray_node_ip="10.1.0.2",
                   ray_node_interface="ib0", ray_config_dir="/etc/ray", ray_state_dir="/var/lib/ray",
                   ray_temp_dir="/var/lib/ray/tmp", ray_auth_token_path="/etc/ray/auth_token", ray_unit_ip_allow=[])

@@ -1,0 +1,119 @@
+"""Head fault tolerance (ray_gcs_fault_tolerance: rocksdb): the GCS keeps the cluster's state in Ray's embedded
+RocksDB store on the head's disk, so a restart of the head's unit, or a GCS killed with -9, restarts no worker
+and a detached actor created before answers after, with its state.
+
+Without fault tolerance a killed GCS restarts every node (tests/lab/test_reboot.py measures that).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.lab import labkit
+
+# On the second lab of `make e2e` (tools/e2e.sh): it restarts the head and kills its GCS.
+E2E_LAB = 2
+
+P = labkit.LAB_PREFIX
+HEAD = f"{P}-head"
+TOKEN_ENV = "set -a; . /etc/ray/ray.env; set +a"
+FT = ("-e", "ray_gcs_fault_tolerance=rocksdb")
+
+# Creates (once) a detached counter on worker1 and adds 1 to it: prints the count, and where the actor runs.
+COUNTER = '''
+import json, sys
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+ray.init(address=sys.argv[1], namespace="raymetal-ft", logging_level="ERROR", log_to_driver=False)
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class Counter:
+    def __init__(self):
+        self.count = 0
+
+    def add(self):
+        import os
+        self.count += 1
+        return self.count, ray.util.get_node_ip_address(), os.getpid()
+
+
+if sys.argv[2:3] == ["create"]:
+    node = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == sys.argv[3]][0]
+    Counter.options(name="counter", lifetime="detached",
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+counter = ray.get_actor("counter")
+print("COUNTER " + json.dumps(ray.get(counter.add.remote(), timeout=30)))
+'''
+
+
+def counter(lab, *args, check=True):
+    head_ip = lab[HEAD]["lab_fabric_ip"]
+    proc = labkit.sh(HEAD, f"{TOKEN_ENV}; cd /tmp && timeout 60 /opt/ray/venv/bin/python /tmp/ft_counter.py "
+                           f"{head_ip}:6379 {' '.join(args)}", check=check, timeout=90)
+    if "COUNTER " not in proc.stdout:
+        return None
+    return json.loads(proc.stdout.split("COUNTER ", 1)[1])
+
+
+def raylet_pids(lab, names):
+    return {name: labkit.sh(name, "pgrep -x raylet").stdout.split() for name in names}
+
+
+def test_with_gcs_fault_tolerance_a_head_restart_restarts_no_worker_and_keeps_a_detached_actor(cluster, lab):
+    workers = [name for name in lab if name != HEAD]
+    worker1_ip = lab[labkit.WORKER1]["lab_fabric_ip"]
+    try:
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, *FT)
+        assert rc == 0, out[-3000:]
+        env = labkit.sh(HEAD, "cat /etc/ray/ray.env").stdout.splitlines()
+        assert "RAY_gcs_storage=rocksdb" in env and "RAY_gcs_storage_path=/var/lib/ray/gcs" in env, env
+        for name in workers:
+            assert "RAY_gcs_rpc_server_reconnect_timeout_s=300" in labkit.sh(name, "cat /etc/ray/ray.env").stdout
+        labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, interval=3, what="every node alive")
+        # Ray writes its store there (RocksDB files and the session-name marker).
+        assert labkit.sh(HEAD, "ls /var/lib/ray/gcs").stdout.split(), "the GCS store is empty"
+
+        labkit.sh(HEAD, f"cat > /tmp/ft_counter.py <<'EOF'\n{COUNTER}\nEOF")
+        count, where, pid = counter(lab, "create", worker1_ip)
+        assert (count, where) == (1, worker1_ip)
+        raylets = raylet_pids(lab, workers)
+        units = labkit.invocation_ids(lab, workers)
+        figures = {}
+        for how, command in (("systemctl restart ray-head", "systemctl restart --no-block ray-head"),
+                             ("kill -9 gcs_server", "kill -9 $(pgrep -x gcs_server)")):
+            start = time.monotonic()
+            labkit.sh(HEAD, command)
+            # Down first: the head's GCS port closes (a restart that never went down would prove nothing).
+            labkit.wait_until(lambda: labkit.probe_from(HEAD, lab[HEAD]["lab_fabric_ip"], 6379) != "open", 60,
+                              interval=0.5, what=f"{how}: the GCS port closed")
+            answer = []
+            labkit.wait_until(lambda: answer.append(counter(lab, check=False)) or answer[-1] is not None, 240,
+                              interval=1, what=f"{how}: the detached actor answers again")
+            figures[how] = round(time.monotonic() - start, 1)
+            count += 1
+            # The same actor process, with its state: nothing on the worker was restarted.
+            assert answer[-1] == [count, worker1_ip, pid], (how, answer[-1])
+            assert raylet_pids(lab, workers) == raylets, f"{how}: a worker's raylet restarted"
+            assert labkit.invocation_ids(lab, workers) == units, f"{how}: a worker's unit restarted"
+            labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 120, interval=2,
+                              what=f"{how}: every node alive")
+        print("\nwith ray_gcs_fault_tolerance=rocksdb, head down -> detached actor answers again: "
+              + ", ".join(f"{how} {took} s" for how, took in figures.items()) + "; no worker restarted")
+
+        # A rerun with fault tolerance on changes nothing and restarts nothing.
+        before = labkit.invocation_ids(lab)
+        rc, out, stats = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, *FT)
+        assert rc == 0, out[-3000:]
+        assert all(s["changed"] == 0 for s in stats.values()), stats
+        assert labkit.invocation_ids(lab) == before
+    finally:
+        labkit.sh(HEAD, "rm -f /tmp/ft_counter.py", check=False)
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+        assert rc == 0, out[-3000:]
+    # Off again: the store is gone (a later switch on must not reload this state) and Ray runs without it.
+    assert labkit.sh(HEAD, "test -e /var/lib/ray/gcs", check=False).returncode == 1
+    assert "RAY_gcs_storage" not in labkit.sh(HEAD, "cat /etc/ray/ray.env").stdout
+    labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, interval=3, what="every node alive")
