@@ -121,8 +121,24 @@ ensure_promtool() {
   install -D -m 0755 "$work/root/usr/bin/promtool" "$PROMTOOL"
 }
 
+# Every lab node runs systemd, which takes several inotify instances; with
+# two labs, molecule and a scale-out node, the kernel's default of 128 per
+# user runs out, and a new node's systemd exits at once (status 255).
+LAB_INOTIFY_INSTANCES=${LAB_INOTIFY_INSTANCES:-1024}
+ensure_inotify() {
+  local now
+  now=$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null || echo 0)
+  ((now >= LAB_INOTIFY_INSTANCES)) && return
+  if sysctl -q -w "fs.inotify.max_user_instances=$LAB_INOTIFY_INSTANCES" 2>/dev/null; then
+    log "raised fs.inotify.max_user_instances from $now to $LAB_INOTIFY_INSTANCES (systemd in every lab node needs some)"
+  else
+    log "WARNING: fs.inotify.max_user_instances is $now and cannot be raised here; many lab nodes at once may fail to boot"
+  fi
+}
+
 ensure_docker() {
   command -v dockerd >/dev/null 2>&1 || cmd_deps
+  ensure_inotify
   if docker info >/dev/null 2>&1; then return; fi
   log "starting dockerd (this host's PID 1 is not systemd)"
   # setsid + disown: dockerd must outlive this script and never be one of its jobs

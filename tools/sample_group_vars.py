@@ -26,6 +26,7 @@ TOPICS = [
     ("fabric.yml", "The fabric (InfiniBand / RoCE) and RDMA", lambda role, name: role == "fabric"),
     ("nvidia_driver.yml", "NVIDIA driver", lambda role, name: role == "nvidia_driver"),
     ("ray.yml", "Ray: version, addresses, ports, resources, token, systemd", lambda role, name: role == "ray"),
+    ("gcs_redis.yml", "Redis for the head's GCS (ray_gcs_fault_tolerance: redis)", lambda role, name: role == "gcs_redis"),
     ("nccl.yml", "NCCL (the only owner of NCCL's settings: /etc/nccl.conf)", lambda role, name: role == "nccl"),
     ("firewall.yml", "Firewall", lambda role, name: role == "firewall"),
     ("acceptance.yml", "Acceptance (playbooks/acceptance.yml)", lambda role, name: role == "acceptance"),

@@ -129,6 +129,11 @@ def firewall_invalid_ports(ports, varname="firewall_ports"):
         for flag in ("admin", "metrics"):
             if not isinstance(entry.get(flag, False), bool):
                 errors.append("%s.%s: %r must be a boolean true/false" % (where, flag, entry.get(flag)))
+        if "sources" in entry:
+            if not entry["sources"]:
+                errors.append("%s.sources: empty; give the addresses that may reach this port, or leave sources out "
+                              "(then the cluster's)" % where)
+            errors.extend(firewall_invalid_sources(entry["sources"], "%s.sources" % where))
     return errors
 
 
@@ -161,7 +166,9 @@ def firewall_port_plan(ports, node_role="worker"):
     """Return the ports that apply on a node, normalised.
 
     Each item: name, proto, lo, hi, nft ('6379' or '10002-19999'),
-    ufw ('6379' or '10002:19999'), admin, metrics, scope.
+    ufw ('6379' or '10002:19999'), admin, metrics, scope, and sources:
+    None (the cluster's sources may reach it) or {'v4': [...], 'v6': [...]}
+    when the entry names its own (only those, on the fabric interface).
     Head-scope ports are left out on workers.
     """
     plan = []
@@ -182,6 +189,7 @@ def firewall_port_plan(ports, node_role="worker"):
             "firewalld": spec,
             "admin": bool(entry.get("admin", False)),
             "metrics": bool(entry.get("metrics", False)),
+            "sources": firewall_split_sources(entry["sources"]) if entry.get("sources") else None,
         })
     return plan
 
@@ -204,7 +212,7 @@ def firewall_rule_plan(ports, node_role, interface, cluster, admin=None, prometh
     for port in firewall_port_plan(ports, node_role):
         base = "raymetal:%s:%s/%s" % (port["name"], port["nft"], port["proto"])
         closed = port["scope"] == "closed" or (metrics_only and port["metrics"])
-        groups = [] if closed else [(iface, cluster)]
+        groups = [] if closed else [(iface, port["sources"] or cluster)]
         if port["admin"]:
             groups.append(("", admin))
         if port["metrics"]:

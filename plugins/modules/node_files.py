@@ -199,6 +199,10 @@ def main():
         ),
         supports_check_mode=True,
     )
+    # A secret file's content never comes back in the result (the invocation Ansible prints at -vvv).
+    for entry in module.params["files"]:
+        if entry.get("secret") and entry.get("content"):
+            module.no_log_values.add(entry["content"])
     changed_paths, created, diffs = [], [], []
     for entry in module.params["files"]:
         if not os.path.isabs(entry["path"]):

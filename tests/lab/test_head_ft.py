@@ -1,6 +1,7 @@
-"""Head fault tolerance (ray_gcs_fault_tolerance: rocksdb): the GCS keeps the cluster's state in Ray's embedded
-RocksDB store on the head's disk, so a restart of the head's unit, or a GCS killed with -9, restarts no worker
-and a detached actor created before answers after, with its state.
+"""Head fault tolerance: with ray_gcs_fault_tolerance rocksdb (Ray's embedded RocksDB store on the head's disk)
+and redis (Redis on worker2, run by the gcs_redis role, reachable from the head only), a restart of the head's
+unit, or a GCS killed with -9, restarts no worker and a detached actor created before answers after, with its
+state. Turned off again, the store (and Redis with its data) is gone.
 
 Without fault tolerance a killed GCS restarts every node (tests/lab/test_reboot.py measures that).
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from tests.lab import labkit
 
 # On the second lab of `make e2e` (tools/e2e.sh): it restarts the head and kills its GCS.
@@ -18,7 +21,6 @@ E2E_LAB = 2
 P = labkit.LAB_PREFIX
 HEAD = f"{P}-head"
 TOKEN_ENV = "set -a; . /etc/ray/ray.env; set +a"
-FT = ("-e", "ray_gcs_fault_tolerance=rocksdb")
 
 # Creates (once) a detached counter on worker1 and adds 1 to it: prints the count, and where the actor runs.
 COUNTER = '''
@@ -62,19 +64,51 @@ def raylet_pids(lab, names):
     return {name: labkit.sh(name, "pgrep -x raylet").stdout.split() for name in names}
 
 
-def test_with_gcs_fault_tolerance_a_head_restart_restarts_no_worker_and_keeps_a_detached_actor(cluster, lab):
+@pytest.fixture(params=["rocksdb", "redis"])
+def backend(request, tmp_path):
+    """(fault tolerance setting, inventory): Redis runs on worker2 (group ray_gcs_redis), away from the head."""
+    inventory = labkit.LAB_INVENTORY
+    if request.param == "redis":
+        inventory = labkit.inventory_copy(tmp_path)
+        (inventory / "gcs_redis.yml").write_text(
+            f"ray_gcs_redis:\n  hosts:\n    {labkit.WORKER2}:\n")
+    return request.param, inventory
+
+
+def test_with_gcs_fault_tolerance_a_head_restart_restarts_no_worker_and_keeps_a_detached_actor(cluster, lab, backend):
+    kind, inventory = backend
+    ft = ("-e", f"ray_gcs_fault_tolerance={kind}")
     workers = [name for name in lab if name != HEAD]
     worker1_ip = lab[labkit.WORKER1]["lab_fabric_ip"]
+    redis_ip = lab[labkit.WORKER2]["lab_fabric_ip"]
     try:
-        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, *FT)
+        rc, out, _ = labkit.run_playbook("site.yml", inventory, *ft)
         assert rc == 0, out[-3000:]
         env = labkit.sh(HEAD, "cat /etc/ray/ray.env").stdout.splitlines()
-        assert "RAY_gcs_storage=rocksdb" in env and "RAY_gcs_storage_path=/var/lib/ray/gcs" in env, env
+        if kind == "rocksdb":
+            assert "RAY_gcs_storage=rocksdb" in env and "RAY_gcs_storage_path=/var/lib/ray/gcs" in env, env
+        else:
+            assert f"RAY_REDIS_ADDRESS={redis_ip}:6390" in env and "RAY_external_storage_namespace=raymetal-2.60.0" in env
+            assert "RAY_gcs_storage=rocksdb" not in env
+            # Redis on worker2's fabric address, with a password, reachable from the head only.
+            listening = labkit.sh(labkit.WORKER2, "ss -ltnH 'sport = :6390'").stdout
+            assert [line.split()[3] for line in listening.splitlines() if line.strip()] == [f"{redis_ip}:6390"], listening
+            assert labkit.probe_from(HEAD, redis_ip, 6390) == "open"
+            assert labkit.probe_from(labkit.WORKER1, redis_ip, 6390) == "timeout"
+            assert labkit.sh(labkit.WORKER2, f"redis-cli -h {redis_ip} -p 6390 ping").stdout.strip().startswith("NOAUTH")
+            # The password shows in no diff and no -v output (the head's ray.env, Redis's configuration).
+            password = (inventory / "credentials" / "ray_gcs_redis_password").read_text().strip()
+            assert len(password) == 64 and password not in out
         for name in workers:
             assert "RAY_gcs_rpc_server_reconnect_timeout_s=300" in labkit.sh(name, "cat /etc/ray/ray.env").stdout
         labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, interval=3, what="every node alive")
-        # Ray writes its store there (RocksDB files and the session-name marker).
-        assert labkit.sh(HEAD, "ls /var/lib/ray/gcs").stdout.split(), "the GCS store is empty"
+        if kind == "rocksdb":
+            # Ray writes its store there (RocksDB files and the session-name marker).
+            assert labkit.sh(HEAD, "ls /var/lib/ray/gcs").stdout.split(), "the GCS store is empty"
+        else:
+            keys = labkit.sh(labkit.WORKER2, f"REDISCLI_AUTH=$(sed -n 's/^requirepass //p' /etc/redis/raymetal-gcs.conf) "
+                                             f"redis-cli -h {redis_ip} -p 6390 dbsize").stdout.strip()
+            assert keys.isdigit() and int(keys) > 0, keys
 
         labkit.sh(HEAD, f"cat > /tmp/ft_counter.py <<'EOF'\n{COUNTER}\nEOF")
         count, where, pid = counter(lab, "create", worker1_ip)
@@ -100,12 +134,12 @@ def test_with_gcs_fault_tolerance_a_head_restart_restarts_no_worker_and_keeps_a_
             assert labkit.invocation_ids(lab, workers) == units, f"{how}: a worker's unit restarted"
             labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 120, interval=2,
                               what=f"{how}: every node alive")
-        print("\nwith ray_gcs_fault_tolerance=rocksdb, head down -> detached actor answers again: "
+        print(f"\nwith ray_gcs_fault_tolerance={kind}, head down -> detached actor answers again: "
               + ", ".join(f"{how} {took} s" for how, took in figures.items()) + "; no worker restarted")
 
         # A rerun with fault tolerance on changes nothing and restarts nothing.
         before = labkit.invocation_ids(lab)
-        rc, out, stats = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, *FT)
+        rc, out, stats = labkit.run_playbook("site.yml", inventory, *ft)
         assert rc == 0, out[-3000:]
         assert all(s["changed"] == 0 for s in stats.values()), stats
         assert labkit.invocation_ids(lab) == before
@@ -116,4 +150,8 @@ def test_with_gcs_fault_tolerance_a_head_restart_restarts_no_worker_and_keeps_a_
     # Off again: the store is gone (a later switch on must not reload this state) and Ray runs without it.
     assert labkit.sh(HEAD, "test -e /var/lib/ray/gcs", check=False).returncode == 1
     assert "RAY_gcs_storage" not in labkit.sh(HEAD, "cat /etc/ray/ray.env").stdout
+    assert "RAY_REDIS" not in labkit.sh(HEAD, "cat /etc/ray/ray.env").stdout
+    gone = labkit.sh(labkit.WORKER2, "systemctl is-active redis-server; ls /etc/redis/raymetal-gcs.conf "
+                                     "/var/lib/redis/appendonlydir", check=False).stdout
+    assert gone.startswith(("inactive", "unknown")) and "raymetal-gcs.conf" not in gone, gone
     labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, interval=3, what="every node alive")

@@ -256,3 +256,26 @@ def test_closed_admin_port_is_open_to_admins_only():
         fw.firewall_split_sources(["192.0.2.0/28"]), None,
     )
     assert [(r["action"], r["source"]) for r in rules] == [("allow", "192.0.2.0/28"), ("deny", "any")]
+
+
+def test_a_port_with_its_own_sources_admits_only_them_on_the_fabric():
+    ports = RAY_PORTS + [{"name": "gcs_redis", "port": 6390, "sources": ["10.231.20.10"]}]
+    assert not fw.firewall_invalid_ports(ports)
+    plan = {p["name"]: p for p in fw.firewall_port_plan(ports, "worker")}
+    assert plan["gcs_redis"]["sources"] == {"v4": ["10.231.20.10"], "v6": []}
+    assert plan["node_manager"]["sources"] is None
+    rules = fw.firewall_rule_plan(ports, "worker", "ib0", fw.firewall_split_sources(["10.231.20.10", "10.231.20.11"]))
+    redis = [(r["action"], r["source"], r["interface"]) for r in rules if r["name"] == "gcs_redis"]
+    assert redis == [("allow", "10.231.20.10", "ib0"), ("deny", "any", "")]
+    node_manager = [r["source"] for r in rules if r["name"] == "node_manager" and r["action"] == "allow"]
+    assert node_manager == ["10.231.20.10", "10.231.20.11"]
+
+
+@pytest.mark.parametrize("sources, fragment", [
+    ([], "sources: empty"),
+    (["10.0.0.300"], "is not a valid IP address"),
+    ("10.0.0.1", "must be a list"),
+])
+def test_bad_port_sources_are_named(sources, fragment):
+    errors = fw.firewall_invalid_ports([{"name": "gcs_redis", "port": 6390, "sources": sources}])
+    assert errors and fragment in errors[0] and "firewall_ports[0].sources" in errors[0], errors

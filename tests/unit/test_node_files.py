@@ -105,3 +105,24 @@ def test_absent_removes_a_file_that_should_no_longer_be_there(tmp_path):
 def test_bad_entries_fail_with_a_message_that_names_the_path(entry, message):
     outcome, result = run_module(node_files, {"files": [entry]})
     assert outcome is FailJson and message in result["msg"]
+
+
+def test_a_secret_files_content_is_masked_in_what_the_module_returns(tmp_path):
+    """Ansible masks a module's no_log values in everything it returns (the invocation shown at -vvv)."""
+    from unittest import mock
+
+    from ansible.module_utils import basic
+
+    seen = {}
+    real_init = basic.AnsibleModule.__init__
+
+    def remember(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        seen["module"] = self
+
+    files = [{"path": str(tmp_path / "ray.env"), "content": "RAY_REDIS_PASSWORD=0123abcd\n", "secret": True},
+             {"path": str(tmp_path / "plain"), "content": "shown\n"}]
+    with mock.patch.object(basic.AnsibleModule, "__init__", remember):
+        run(files)
+    assert "RAY_REDIS_PASSWORD=0123abcd\n" in seen["module"].no_log_values
+    assert "shown\n" not in seen["module"].no_log_values
