@@ -338,6 +338,14 @@ start_node() {
     --tmpfs /run --tmpfs /run/lock --shm-size "$LAB_SHM_SIZE" \
     --network "$LAB_PREFIX-mgmt" --ip "$mgmt_ip" \
     "$image" /lib/systemd/systemd >/dev/null
+  # Now and then systemd in a fresh container exits at once (status 255,
+  # nothing logged) while Docker is busy with other containers; seen while
+  # another lab's container was being removed. A second start has worked.
+  if [[ $(docker inspect -f '{{.State.Running}}' "$name") != true ]]; then
+    log "node $name exited at start (status $(docker inspect -f '{{.State.ExitCode}}' "$name")); starting it again"
+    sleep 2
+    docker start "$name" >/dev/null
+  fi
   docker network connect --ip "$fabric_ip" "$LAB_PREFIX-fabric" "$name"
   # The fabric NIC appears as eth1; real hosts call it ib0. The image's
   # raymetal-lab-fabric unit renames it now and at every later boot.
