@@ -13,6 +13,9 @@ import urllib.parse
 
 from tests.lab import labkit
 
+# The Debian 13 lab of `make e2e` (Prometheus 2.53 and node_exporter 1.9 from its own mirror; tools/e2e.sh).
+E2E_LAB = 2
+
 HEAD = labkit.HEAD
 RAY_HEAD_JOBS = {"ray_autoscaler", "ray_dashboard"}
 EVERY_NODE_JOBS = {"ray_node", "node"}
