@@ -9,6 +9,7 @@
 #   lab/lab.sh mirror   build (once) and serve the lab's Debian package mirror
 #   lab/lab.sh mirror-build  build (once) the mirror's directory only (molecule serves it itself)
 #   lab/lab.sh image-name  the head's image (LAB_RELEASE), for molecule
+#   lab/lab.sh promtool-path  where `make deps` put promtool (for the unit tests)
 #
 # LAB_RELEASE (bookworm = Debian 12, the default, or trixie = Debian 13) picks
 # the nodes' Debian release; LAB_WORKER_RELEASE (default: LAB_RELEASE) the
@@ -16,7 +17,6 @@
 # ("trixie trixie bookworm"; the last one goes on for further workers). Each
 # release has its own cached image and apt mirror; the wheelhouse holds wheels
 # for each release's Python side by side.
-#   lab/lab.sh promtool-path  where `make deps` put promtool (for the unit tests)
 #
 # Every node boots systemd as PID 1 and runs sshd; Ansible reaches it over the
 # management network. A second network is renamed to `ib0` inside each node and
@@ -464,7 +464,7 @@ mirror_packages() { grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' "$LAB_MIRROR
 # LAB_MIRROR_DIR-RELEASE.
 mirror_dir() { [[ $1 == bookworm ]] && echo "$LAB_MIRROR_DIR" || echo "$LAB_MIRROR_DIR-$1"; }
 
-host_codename() { . /etc/os-release && echo "${VERSION_CODENAME:-}"; }
+host_codename() { (. /etc/os-release && echo "${VERSION_CODENAME:-}"); }
 
 # apt-cache/apt-get for a release: this host's own apt for its own release;
 # for another, apt with a private package list of that release (from the same
