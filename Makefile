@@ -13,6 +13,14 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 # Molecule scenarios run by `make test`, one after another.
 MOLECULE_SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
+# The cluster scenario runs once per Debian release, the others on Debian 12;
+# each release's run has instance names and networks of its own
+# (molecule/cluster/molecule.yml), so that the two never meet.
+MOLECULE_CLUSTER_RELEASES ?= bookworm trixie
+MOLECULE_CLUSTER_ENV_bookworm ?=
+MOLECULE_CLUSTER_ENV_trixie ?= MOLECULE_CLUSTER_PREFIX=mc13 MOLECULE_CLUSTER_MGMT=10.231.161 MOLECULE_CLUSTER_FABRIC=10.231.171
+# Debian releases whose node image, wheels and apt mirror make test builds first.
+LAB_PREP_RELEASES ?= bookworm trixie
 
 .PHONY: help deps venv lab-up lab-down lab-status demo deploy status docs lint unit molecule e2e test lab-prep test-labs bench clean
 
@@ -59,11 +67,16 @@ lint: venv ## Role READMEs up to date with their specs, yamllint, ansible-lint (
 unit: venv deps ## Unit tests (modules, filters, fixtures)
 	$(BIN)/pytest -q tests/unit
 
-molecule: venv lab-prep ## Molecule scenarios (each with its idempotence step)
-	@export RAYMETAL_LAB_IMAGE=$$(bash $(LAB) image-name) RAYMETAL_CACHE=$${RAYMETAL_CACHE:-$$HOME/.cache/raymetal}; \
+molecule: venv lab-prep ## Molecule scenarios (each with its idempotence step; cluster on Debian 12 and 13)
+	@export RAYMETAL_CACHE=$${RAYMETAL_CACHE:-$$HOME/.cache/raymetal}; \
 	for s in $(MOLECULE_SCENARIOS); do \
-	  echo "=== molecule test -s $$s"; \
-	  $(BIN)/molecule test -s $$s || exit 1; \
+	  releases=bookworm; [ "$$s" != cluster ] || releases="$(MOLECULE_CLUSTER_RELEASES)"; \
+	  for r in $$releases; do \
+	    echo "=== molecule test -s $$s (Debian $$r)"; \
+	    image=$$(LAB_RELEASE=$$r bash $(LAB) image-name) || exit 1; \
+	    case $$r in bookworm) names="$(MOLECULE_CLUSTER_ENV_bookworm)";; trixie) names="$(MOLECULE_CLUSTER_ENV_trixie)";; *) names="";; esac; \
+	    env RAYMETAL_LAB_IMAGE=$$image $$names $(BIN)/molecule test -s $$s || exit 1; \
+	  done; \
 	done
 
 # Labs side by side for the end-to-end tests (tools/e2e.sh; 1 runs them all on the built-in lab).
@@ -87,11 +100,12 @@ test: ## Everything CI runs: lint and unit while the lab image builds, then mole
 	$(MAKE) --no-print-directory lab-down || true; \
 	exit $$rc
 
-# What molecule and the lab share, built once (each step is cached).
+# What molecule and the labs share, built once per Debian release (each step is cached).
 lab-prep: deps
-	@bash $(LAB) image
-	@bash $(LAB) wheelhouse
-	@bash $(LAB) mirror-build >/dev/null
+	@for r in $(LAB_PREP_RELEASES); do \
+	  LAB_RELEASE=$$r bash $(LAB) image && LAB_RELEASE=$$r bash $(LAB) wheelhouse \
+	    && LAB_RELEASE=$$r bash $(LAB) mirror-build >/dev/null || exit 1; \
+	done
 
 # The molecule scenarios and the lab tests use their own containers and
 # networks, and both spend much of their time waiting on nodes, so they run

@@ -4,11 +4,19 @@
 #   lab/lab.sh up       build (once) the image and wheelhouse, start head + workers
 #   lab/lab.sh down     remove the containers, networks and SSH key this script made
 #   lab/lab.sh status   show what is running
-#   lab/lab.sh image    build the node image only (cached)
+#   lab/lab.sh image    build the node image(s) only (cached)
 #   lab/lab.sh wheelhouse  build the offline wheelhouse only (cached)
 #   lab/lab.sh mirror   build (once) and serve the lab's Debian package mirror
 #   lab/lab.sh mirror-build  build (once) the mirror's directory only (molecule serves it itself)
+#   lab/lab.sh image-name  the head's image (LAB_RELEASE), for molecule
 #   lab/lab.sh promtool-path  where `make deps` put promtool (for the unit tests)
+#
+# LAB_RELEASE (bookworm = Debian 12, the default, or trixie = Debian 13) picks
+# the nodes' Debian release; LAB_WORKER_RELEASE (default: LAB_RELEASE) the
+# workers', for a mixed lab: one release for all, or one per worker in order
+# ("trixie trixie bookworm"; the last one goes on for further workers). Each
+# release has its own cached image and apt mirror; the wheelhouse holds wheels
+# for each release's Python side by side.
 #
 # Every node boots systemd as PID 1 and runs sshd; Ansible reaches it over the
 # management network. A second network is renamed to `ib0` inside each node and
@@ -21,6 +29,14 @@ LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$LAB_DIR/.." && pwd)
 
 LAB_PREFIX=${LAB_PREFIX:-raymetal}
+# The Debian releases the lab can run, and the one each kind of node runs.
+LAB_RELEASES=(bookworm trixie)
+# Each release's python3 and glibc (fixed within a Debian release; the image
+# build checks them): the wheelhouse holds wheels for each Python in use.
+declare -A RELEASE_PYTHON=([bookworm]=3.11 [trixie]=3.13)
+declare -A RELEASE_GLIBC=([bookworm]=2.36 [trixie]=2.41)
+LAB_RELEASE=${LAB_RELEASE:-bookworm}
+LAB_WORKER_RELEASE=${LAB_WORKER_RELEASE:-$LAB_RELEASE}
 LAB_WORKERS=${LAB_WORKERS:-2}
 # /24 networks only; pick ranges that collide with nothing on your host.
 LAB_MGMT_SUBNET=${LAB_MGMT_SUBNET:-10.231.10.0/24}
@@ -64,10 +80,24 @@ IMAGE_PACKAGES=(
 )
 # Bump when build_rootfs changes what ends up in the image.
 IMAGE_REVISION=3
-IMAGE_TAG=$(printf '%s\n' "$IMAGE_REVISION" "${BASE_PACKAGES[@]}" "${IMAGE_PACKAGES[@]}" \
-  | cat - "$LAB_DIR/files/raymetal-lab-fabric" | sha256sum | cut -c1-12)
-# One image for every lab prefix: its content does not depend on the prefix.
-LAB_IMAGE=${LAB_IMAGE:-raymetal-node:$IMAGE_TAG}
+
+# The node image of a release is named by a hash of what goes into it. Debian
+# 12's hash leaves the release out, as it did before there were releases: a
+# cached bookworm image stays valid.
+image_tag() {
+  local release=$1
+  {
+    printf '%s\n' "$IMAGE_REVISION"
+    [[ $release == bookworm ]] || printf 'release=%s\n' "$release"
+    printf '%s\n' "${BASE_PACKAGES[@]}" "${IMAGE_PACKAGES[@]}"
+    cat "$LAB_DIR/files/raymetal-lab-fabric"
+  } | sha256sum | cut -c1-12
+}
+image_of() { printf 'raymetal-node:%s' "$(image_tag "$1")"; }
+
+# One image per release for every lab prefix: its content does not depend on
+# the prefix. LAB_IMAGE overrides the image of LAB_RELEASE.
+LAB_IMAGE=${LAB_IMAGE:-$(image_of "$LAB_RELEASE")}
 
 log() { printf '\033[1m[lab]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[31m[lab] ERROR:\033[0m %s\n' "$*" >&2; exit 1; }
@@ -164,13 +194,13 @@ debian_mirror() {
 }
 
 build_rootfs() {
-  local dir=$1 mirror
+  local dir=$1 release=$2 mirror
   mirror=$(debian_mirror)
   command -v debootstrap >/dev/null 2>&1 || cmd_deps
-  local include logf=${TMPDIR:-/tmp}/raymetal-debootstrap.log
+  local include logf=${TMPDIR:-/tmp}/raymetal-debootstrap-$release.log
   include=$(IFS=,; echo "${BASE_PACKAGES[*]}")
-  debootstrap --variant=minbase --include="$include" bookworm "$dir" "$mirror" >"$logf" 2>&1 \
-    || die "debootstrap failed; see $logf"
+  debootstrap --variant=minbase --include="$include" "$release" "$dir" "$mirror" >"$logf" 2>&1 \
+    || die "debootstrap of $release failed; see $logf"
   cp /etc/resolv.conf "$dir/etc/resolv.conf"
   printf '#!/bin/sh\nexit 101\n' >"$dir/usr/sbin/policy-rc.d" && chmod +x "$dir/usr/sbin/policy-rc.d"
   mount -t proc proc "$dir/proc"
@@ -209,37 +239,75 @@ ExecStart=/usr/local/sbin/raymetal-lab-fabric
 WantedBy=multi-user.target
 UNIT
   chroot "$dir" systemctl enable raymetal-lab-fabric.service >/dev/null 2>&1
+  local found
+  found=$(chroot "$dir" python3 -c 'import platform; print("%s %s" % (".".join(platform.python_version_tuple()[:2]), platform.libc_ver()[1]))')
+  [[ $found == "${RELEASE_PYTHON[$release]} ${RELEASE_GLIBC[$release]}" ]] \
+    || die "Debian $release's image has Python and glibc '$found', lab.sh expects '${RELEASE_PYTHON[$release]} ${RELEASE_GLIBC[$release]}': update RELEASE_PYTHON/RELEASE_GLIBC"
   rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
   : >"$dir/etc/machine-id"
 }
 
-cmd_image() {
-  ensure_docker
-  if docker image inspect "$LAB_IMAGE" >/dev/null 2>&1; then
-    log "image $LAB_IMAGE is cached"
+check_release() {
+  local release=$1 known
+  for known in "${LAB_RELEASES[@]}"; do [[ $release == "$known" ]] && return; done
+  die "unknown Debian release '$release' (LAB_RELEASE / LAB_WORKER_RELEASE); the lab builds: ${LAB_RELEASES[*]}"
+}
+
+# The release of a node (head, worker1, worker2, ...).
+release_of_node() {
+  local -a workers
+  read -r -a workers <<<"$LAB_WORKER_RELEASE"
+  if [[ $1 == head || ${#workers[@]} -eq 0 ]]; then echo "$LAB_RELEASE"; return; fi
+  local i=${1#worker}
+  ((i <= ${#workers[@]})) || i=${#workers[@]}
+  echo "${workers[i - 1]}"
+}
+# The releases this lab's nodes run (the head's first), one per line.
+lab_releases() { node_names | while read -r node; do release_of_node "$node"; done | awk '!seen[$0]++'; }
+image_for_release() { [[ $1 == "$LAB_RELEASE" ]] && echo "$LAB_IMAGE" || image_of "$1"; }
+
+build_image() {
+  local release=$1 image=$2
+  check_release "$release"
+  if docker image inspect "$image" >/dev/null 2>&1; then
+    log "image $image ($release) is cached"
     return
   fi
-  log "building node image $LAB_IMAGE from Debian packages (about 2 minutes, once)"
+  log "building node image $image from Debian $release packages (about 2 minutes, once)"
   local work
   work=$(mktemp -d /tmp/raymetal-rootfs.XXXXXX)
   # shellcheck disable=SC2064
   trap "rm -rf '$work'" RETURN
-  build_rootfs "$work/rootfs"
-  tar -C "$work/rootfs" -c . | docker import -c 'CMD ["/lib/systemd/systemd"]' - "$LAB_IMAGE" >/dev/null
-  log "image $LAB_IMAGE built"
+  build_rootfs "$work/rootfs" "$release"
+  tar -C "$work/rootfs" -c . | docker import -c 'CMD ["/lib/systemd/systemd"]' \
+    -c "LABEL io.raymetal.release=$release" - "$image" >/dev/null
+  log "image $image ($release) built"
+}
+
+cmd_image() {
+  ensure_docker
+  local release
+  while read -r release; do build_image "$release" "$(image_for_release "$release")"; done < <(lab_releases)
 }
 
 cmd_wheelhouse() {
-  local wh=$LAB_CACHE/wheelhouse
-  if [[ -f $wh/.complete-ray-$RAY_VERSION ]]; then
-    log "wheelhouse for ray $RAY_VERSION is cached in $wh"
-  else
-    log "downloading ray[default]==$RAY_VERSION and its dependencies into $wh"
-    # The same builder as playbooks/wheelhouse.yml (the nodes run this machine's Python release).
-    PYTHONPATH=$ROOT "$(dirname "$PIP")/python" -m raymetal.wheelhouse --dest "$wh" "ray[default]==$RAY_VERSION" >/dev/null \
-      || die "downloading ray[default]==$RAY_VERSION into $wh failed (see the message above)"
-    touch "$wh/.complete-ray-$RAY_VERSION"
-  fi
+  local wh=$LAB_CACHE/wheelhouse release python
+  # One wheelhouse, wheels for each release's Python side by side: each node
+  # gets and installs the ones its Python accepts (the ray role picks them).
+  while read -r release; do
+    check_release "$release"
+    python=${RELEASE_PYTHON[$release]}
+    if [[ -f $wh/.complete-ray-$RAY_VERSION-py$python ]]; then
+      log "wheelhouse for ray $RAY_VERSION on Python $python ($release) is cached in $wh"
+      continue
+    fi
+    log "downloading ray[default]==$RAY_VERSION and its dependencies for Python $python ($release) into $wh"
+    # The same builder as playbooks/wheelhouse.yml.
+    PYTHONPATH=$ROOT "$(dirname "$PIP")/python" -m raymetal.wheelhouse --dest "$wh" --python-version "$python" \
+      --node-glibc "${RELEASE_GLIBC[$release]}" "ray[default]==$RAY_VERSION" >/dev/null \
+      || die "downloading ray[default]==$RAY_VERSION for Python $python into $wh failed (see the message above)"
+    touch "$wh/.complete-ray-$RAY_VERSION-py$python"
+  done < <(lab_releases)
   # The NCCL wheel goes into the same wheelhouse: the ray role installs it with Ray, in one pip run.
   local mark=$wh/.complete-${NCCL_WHEEL//[^A-Za-z0-9.-]/_}
   if [[ -f $mark ]]; then
@@ -252,22 +320,27 @@ cmd_wheelhouse() {
   [[ -z $LAB_OLD_RAY_VERSION ]] || old_wheelhouse "$wh" "$LAB_CACHE/wheelhouse-ray-$LAB_OLD_RAY_VERSION"
 }
 
-# The lab's wheelhouse plus an older Ray (LAB_OLD_RAY_VERSION), for the upgrade
-# test: the same files as hard links (no extra space) and what that version
-# alone needs. Cached.
+# The lab's wheelhouse plus an older Ray (LAB_OLD_RAY_VERSION) for each
+# release's Python, for the upgrade test: the lab's files as hard links (no
+# extra space) and what that version alone needs. Cached per Python.
 old_wheelhouse() {
-  local wh=$1 old=$2
-  if [[ -f $old/.complete-ray-$LAB_OLD_RAY_VERSION ]]; then
-    log "wheelhouse for ray $LAB_OLD_RAY_VERSION is cached in $old"
-    return
-  fi
-  log "adding ray[default]==$LAB_OLD_RAY_VERSION to a copy of the wheelhouse in $old (the upgrade test's)"
-  rm -rf "$old"
-  cp -al "$wh" "$old"
-  rm -f "$old"/.complete-*
-  PYTHONPATH=$ROOT "$(dirname "$PIP")/python" -m raymetal.wheelhouse --dest "$old" "ray[default]==$LAB_OLD_RAY_VERSION" >/dev/null \
-    || die "downloading ray[default]==$LAB_OLD_RAY_VERSION into $old failed (see the message above)"
-  touch "$old/.complete-ray-$LAB_OLD_RAY_VERSION"
+  local wh=$1 old=$2 release python file
+  mkdir -p "$old"
+  for file in "$wh"/*; do
+    [[ -e $old/${file##*/} ]] || ln "$file" "$old/"
+  done
+  while read -r release; do
+    python=${RELEASE_PYTHON[$release]}
+    if [[ -f $old/.complete-ray-$LAB_OLD_RAY_VERSION-py$python ]]; then
+      log "wheelhouse for ray $LAB_OLD_RAY_VERSION on Python $python ($release) is cached in $old"
+      continue
+    fi
+    log "adding ray[default]==$LAB_OLD_RAY_VERSION for Python $python ($release) to $old (the upgrade test's)"
+    PYTHONPATH=$ROOT "$(dirname "$PIP")/python" -m raymetal.wheelhouse --dest "$old" --python-version "$python" \
+      --node-glibc "${RELEASE_GLIBC[$release]}" "ray[default]==$LAB_OLD_RAY_VERSION" >/dev/null \
+      || die "downloading ray[default]==$LAB_OLD_RAY_VERSION for Python $python into $old failed (see the message above)"
+    touch "$old/.complete-ray-$LAB_OLD_RAY_VERSION-py$python"
+  done < <(lab_releases)
 }
 
 ensure_network() {
@@ -290,8 +363,10 @@ ensure_key() {
 }
 
 start_node() {
-  local node=$1 mgmt_ip=$2 fabric_ip=$3 name=$LAB_PREFIX-$1
-  if [[ $(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null || true) == true ]]; then
+  local node=$1 mgmt_ip=$2 fabric_ip=$3 name=$LAB_PREFIX-$1 image
+  image=$(image_for_release "$(release_of_node "$node")")
+  # A running node stays, unless it runs another image (the lab's release changed).
+  if [[ $(docker inspect -f '{{.State.Running}} {{.Config.Image}}' "$name" 2>/dev/null || true) == "true $image" ]]; then
     return
   fi
   docker rm -f "$name" >/dev/null 2>&1 || true
@@ -305,13 +380,21 @@ start_node() {
     --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw \
     --tmpfs /run --tmpfs /run/lock --shm-size "$LAB_SHM_SIZE" \
     --network "$LAB_PREFIX-mgmt" --ip "$mgmt_ip" \
-    "$LAB_IMAGE" /lib/systemd/systemd >/dev/null
+    "$image" /lib/systemd/systemd >/dev/null
+  # Now and then systemd in a fresh container exits at once (status 255,
+  # nothing logged) while Docker is busy with other containers; seen while
+  # another lab's container was being removed. A second start has worked.
+  if [[ $(docker inspect -f '{{.State.Running}}' "$name") != true ]]; then
+    log "node $name exited at start (status $(docker inspect -f '{{.State.ExitCode}}' "$name")); starting it again"
+    sleep 2
+    docker start "$name" >/dev/null
+  fi
   docker network connect --ip "$fabric_ip" "$LAB_PREFIX-fabric" "$name"
   # The fabric NIC appears as eth1; real hosts call it ib0. The image's
   # raymetal-lab-fabric unit renames it now and at every later boot.
   docker exec "$name" sh -c "mkdir -p /etc/raymetal-lab && echo $fabric_ip >/etc/raymetal-lab/fabric-address \
     && /usr/local/sbin/raymetal-lab-fabric >/dev/null"
-  log "node $name started (mgmt $mgmt_ip, ib0 $fabric_ip)"
+  log "node $name started ($(release_of_node "$node"), mgmt $mgmt_ip, ib0 $fabric_ip)"
 }
 
 wait_node() {
@@ -360,14 +443,14 @@ write_inventory() {
     echo "    ray_head:"
     echo "      hosts:"
     idx=$(node_index head)
-    echo "        $LAB_PREFIX-head: {ansible_host: $mgmt.$idx, lab_fabric_ip: $fabric.$idx, $(lab_topology "$idx")}"
+    echo "        $LAB_PREFIX-head: {ansible_host: $mgmt.$idx, lab_fabric_ip: $fabric.$idx, lab_release: $LAB_RELEASE, $(lab_topology "$idx")}"
     echo "    ray_worker:"
     if ((LAB_WORKERS > 0)); then
       echo "      hosts:"
       while read -r node; do
         [[ $node == head ]] && continue
         idx=$(node_index "$node")
-        echo "        $LAB_PREFIX-$node: {ansible_host: $mgmt.$idx, lab_fabric_ip: $fabric.$idx, $(lab_topology "$idx")}"
+        echo "        $LAB_PREFIX-$node: {ansible_host: $mgmt.$idx, lab_fabric_ip: $fabric.$idx, lab_release: $(release_of_node "$node"), $(lab_topology "$idx")}"
       done < <(node_names)
     else
       echo "      hosts: {}"
@@ -419,51 +502,99 @@ cmd_up() {
 
 mirror_packages() { grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' "$LAB_MIRROR_PACKAGES_FILE" | sort -u; }
 
-# Download the listed packages and the dependencies the node image lacks,
-# index them as a flat repository (Packages at the top), once per package list
-# and image.
-build_mirror() {
-  local wanted stamp
-  wanted=$(mirror_packages)
-  stamp=$(printf '%s\n' "$LAB_IMAGE" $wanted | sha256sum | cut -c1-12)
-  [[ -f $LAB_MIRROR_DIR/.complete-$stamp ]] && return
-  command -v dpkg-scanpackages >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dpkg-dev >/dev/null
-  log "building the apt mirror in $LAB_MIRROR_DIR for: $(echo $wanted)"
-  local installed closure need
-  installed=$(docker run --rm "$LAB_IMAGE" dpkg-query -W -f '${Package}\n' | sort -u)
-  # shellcheck disable=SC2086  # one argument per package
-  closure=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
-    --no-replaces --no-enhances $wanted | grep -v -e '^ ' -e '^<' | sort -u)
-  need=$(comm -23 <(echo "$closure") <(echo "$installed"))
-  rm -rf "$LAB_MIRROR_DIR.tmp.$$"
-  mkdir -p "$LAB_MIRROR_DIR.tmp.$$"
-  # shellcheck disable=SC2086
-  (cd "$LAB_MIRROR_DIR.tmp.$$" && apt-get download -qq $need >/dev/null) \
-    || die "apt-get download failed for: $(echo $need) (is apt's package list current? try apt-get update)"
-  (cd "$LAB_MIRROR_DIR.tmp.$$" && dpkg-scanpackages -m . /dev/null 2>/dev/null >Packages && gzip -9kn Packages)
-  rm -rf "$LAB_MIRROR_DIR"
-  mv "$LAB_MIRROR_DIR.tmp.$$" "$LAB_MIRROR_DIR"
-  touch "$LAB_MIRROR_DIR/.complete-$stamp"
-  log "apt mirror ready: $(echo $need)"
+# Each release's mirror directory: Debian 12's is LAB_MIRROR_DIR itself (as
+# before there were releases, so a cached one stays valid), another release's
+# LAB_MIRROR_DIR-RELEASE.
+mirror_dir() { [[ $1 == bookworm ]] && echo "$LAB_MIRROR_DIR" || echo "$LAB_MIRROR_DIR-$1"; }
+
+host_codename() { (. /etc/os-release && echo "${VERSION_CODENAME:-}"); }
+
+# apt-cache/apt-get for a release: this host's own apt for its own release;
+# for another, apt with a private package list of that release (from the same
+# Debian mirror, main only, as the image) that leaves this host's apt alone.
+# release_apt RELEASE STATE_DIR COMMAND ARGS...
+release_apt() {
+  local release=$1 state=$2
+  shift 2
+  if [[ $release == "$(host_codename)" ]]; then "$@"; return; fi
+  "$1" -o Dir::State="$state/state" -o Dir::State::status="$state/status" -o Dir::Cache="$state/cache" \
+    -o Dir::Etc::SourceList="$state/sources.list" -o Dir::Etc::SourceParts="$state/sources.list.d" \
+    -o Dir::Etc::Preferences="$state/preferences" -o Dir::Etc::PreferencesParts="$state/preferences.d" \
+    -o APT::Sandbox::User=root "${@:2}"
 }
 
-cmd_mirror() {
+release_apt_update() {
+  local release=$1 state=$2
+  [[ $release != "$(host_codename)" ]] || return 0
+  mkdir -p "$state/state/lists/partial" "$state/cache/archives/partial" "$state/sources.list.d" "$state/preferences.d"
+  : >"$state/status"
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $(debian_mirror) $release main" >"$state/sources.list"
+  release_apt "$release" "$state" apt-get update -qq >/dev/null \
+    || die "apt-get update for Debian $release (the mirror's package list) failed"
+}
+
+# Download the listed packages and the dependencies the release's node image
+# lacks, index them as a flat repository (Packages at the top), once per
+# package list and image.
+build_mirror() {
+  local release=$1 image dir wanted stamp
+  image=$(image_for_release "$release")
+  dir=$(mirror_dir "$release")
+  wanted=$(mirror_packages)
+  stamp=$(printf '%s\n' "$image" $wanted | sha256sum | cut -c1-12)
+  [[ -f $dir/.complete-$stamp ]] && return
+  command -v dpkg-scanpackages >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dpkg-dev >/dev/null
+  log "building the Debian $release apt mirror in $dir for: $(echo $wanted)"
+  local installed closure need state
+  state=$(mktemp -d /tmp/raymetal-apt.XXXXXX)
+  # shellcheck disable=SC2064
+  trap "rm -rf '$state'" RETURN
+  release_apt_update "$release" "$state"
+  installed=$(docker run --rm "$image" dpkg-query -W -f '${Package}\n' | sort -u)
+  # shellcheck disable=SC2086  # one argument per package
+  closure=$(release_apt "$release" "$state" apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
+    --no-breaks --no-replaces --no-enhances $wanted | grep -v -e '^ ' -e '^<' | sort -u)
+  need=$(comm -23 <(echo "$closure") <(echo "$installed"))
+  rm -rf "$dir.tmp.$$"
+  mkdir -p "$dir.tmp.$$"
+  # shellcheck disable=SC2086
+  (cd "$dir.tmp.$$" && release_apt "$release" "$state" apt-get download -qq $need >/dev/null) \
+    || die "apt-get download failed for: $(echo $need) (is apt's package list current? try apt-get update)"
+  (cd "$dir.tmp.$$" && dpkg-scanpackages -m . /dev/null 2>/dev/null >Packages && gzip -9kn Packages)
+  rm -rf "$dir"
+  mv "$dir.tmp.$$" "$dir"
+  touch "$dir/.complete-$stamp"
+  log "Debian $release apt mirror ready: $(echo $need)"
+}
+
+cmd_mirror_build() {
   ensure_docker
   cmd_image
-  build_mirror
+  local release
+  while read -r release; do build_mirror "$release"; done < <(lab_releases)
+}
+
+# One container serves each release's mirror of this lab at /RELEASE/.
+cmd_mirror() {
+  cmd_mirror_build
   ensure_network "$LAB_PREFIX-mgmt" "$LAB_MGMT_SUBNET"
-  local name=$LAB_PREFIX-mirror ip
+  local name=$LAB_PREFIX-mirror ip releases release volumes=()
   ip=$(net_base "$LAB_MGMT_SUBNET").5
-  if [[ $(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null || true) != true ]]; then
+  releases=$(lab_releases | sort | xargs)
+  for release in $releases; do volumes+=(-v "$(mirror_dir "$release"):/srv/mirror/$release:ro"); done
+  if [[ $(docker inspect -f '{{.State.Running}} {{index .Config.Labels "io.raymetal.releases"}}' "$name" 2>/dev/null || true) \
+    != "true $releases" ]]; then
     docker rm -f "$name" >/dev/null 2>&1 || true
     docker run -d --name "$name" --label "io.raymetal.lab=$LAB_PREFIX" --label "io.raymetal.role=mirror" \
-      --network "$LAB_PREFIX-mgmt" --ip "$ip" -v "$LAB_MIRROR_DIR:/srv/mirror:ro" \
+      --label "io.raymetal.releases=$releases" --network "$LAB_PREFIX-mgmt" --ip "$ip" "${volumes[@]}" \
       "$LAB_IMAGE" python3 -m http.server "$LAB_MIRROR_PORT" --bind "$ip" --directory /srv/mirror >/dev/null
   fi
   local i
   for ((i = 0; i < 30; i++)); do
-    docker exec "$name" python3 -c "import urllib.request; urllib.request.urlopen('http://$ip:$LAB_MIRROR_PORT/Packages')" \
-      >/dev/null 2>&1 && { log "apt mirror served at http://$ip:$LAB_MIRROR_PORT/"; return; }
+    docker exec "$name" python3 -c "import sys, urllib.request
+for release in sys.argv[1:]:
+    urllib.request.urlopen('http://$ip:$LAB_MIRROR_PORT/%s/Packages' % release)" $releases \
+      >/dev/null 2>&1 && { log "apt mirror served at http://$ip:$LAB_MIRROR_PORT/RELEASE/ for: $releases"; return; }
     sleep 1
   done
   die "the apt mirror container $name does not answer on $ip:$LAB_MIRROR_PORT; see 'docker logs $name'"
@@ -488,7 +619,11 @@ cmd_down() {
 
 cmd_status() {
   if ! docker info >/dev/null 2>&1; then echo "dockerd is not running"; return 0; fi
-  echo "image:      $LAB_IMAGE $(docker image inspect "$LAB_IMAGE" >/dev/null 2>&1 && echo '(cached)' || echo '(not built)')"
+  local release image
+  while read -r release; do
+    image=$(image_for_release "$release")
+    echo "image:      $image (Debian $release) $(docker image inspect "$image" >/dev/null 2>&1 && echo '(cached)' || echo '(not built)')"
+  done < <(lab_releases)
   echo "wheelhouse: $LAB_CACHE/wheelhouse $(ls "$LAB_CACHE"/wheelhouse/.complete-* >/dev/null 2>&1 && echo '(cached)' || echo '(not built)')"
   local name
   local rows
@@ -514,7 +649,7 @@ case ${1:-} in
   image) cmd_image ;;
   wheelhouse) cmd_wheelhouse ;;
   mirror) cmd_mirror ;;
-  mirror-build) ensure_docker; cmd_image; build_mirror; echo "$LAB_MIRROR_DIR" ;;
+  mirror-build) cmd_mirror_build; while read -r r; do mirror_dir "$r"; done < <(lab_releases) ;;
   image-name) echo "$LAB_IMAGE" ;;
   *) echo "usage: $0 deps|promtool-path|up|down|status|image|wheelhouse|mirror|mirror-build|image-name" >&2; exit 2 ;;
 esac

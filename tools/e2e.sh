@@ -4,8 +4,10 @@
 #   tools/e2e.sh [pytest args...]
 #
 # Lab 1 is the built-in lab (LAB_PREFIX=raymetal, inventory/lab, subnets
-# 10.231.10/20); lab N > 1 is LAB_PREFIX=raymetal-labN with subnets
-# 10.231.(10+20(N-1)) and +10, state and inventory in lab/.labs/. Each lab gets
+# 10.231.10/20, Debian 12); lab N > 1 is LAB_PREFIX=raymetal-labN with subnets
+# 10.231.(10+20(N-1)) and +10, state and inventory in lab/.labs/; lab 2 runs
+# Debian 13 (E2E_LAB2_RELEASE, default trixie), so the tests that prefer it
+# run on Debian 13. Each lab gets
 # its own pytest run over the test modules that prefer it (E2E_LAB in the
 # module, see tests/lab/conftest.py), so the tests that change a lab's state
 # never meet another lab's. Each run's output goes to artifacts/e2e-labN.log and
@@ -25,7 +27,8 @@ lab_env() { # lab number -> the environment lab.sh and the tests share
     echo "LAB_PREFIX=raymetal"
   else
     echo "LAB_PREFIX=raymetal-lab$n LAB_MGMT_SUBNET=10.231.$((10 + 20 * (n - 1))).0/24" \
-      "LAB_FABRIC_SUBNET=10.231.$((20 + 20 * (n - 1))).0/24"
+      "LAB_FABRIC_SUBNET=10.231.$((20 + 20 * (n - 1))).0/24" \
+      "LAB_RELEASE=$( ((n == 2)) && echo "${E2E_LAB2_RELEASE:-trixie}" || echo bookworm)"
   fi
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from packaging import tags as _tags
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name,
                              parse_sdist_filename, parse_wheel_filename)
@@ -19,6 +20,99 @@ description:
   - Looks at the named packages only, not at their dependencies (pip reports those).
   - An unparseable requirement is returned as missing, with the reason.
 """
+
+
+DOCUMENTATION_WHEELHOUSE_FOR_PYTHON = """
+name: wheelhouse_for_python
+short_description: The files of a wheelhouse that a given CPython release can install
+description:
+  - Takes the file names in a wheelhouse directory and a Python release (C(3.13), or C(3.13.5)); returns,
+    in order, the wheels whose Python and ABI tags CPython of that release accepts (C(cp313-cp313),
+    C(cp310-abi3), C(py3-none), ...) and every sdist (pip may build it anywhere).
+  - Platform tags are not looked at (the wheelhouse is built for the nodes' platform); hidden files and
+    other names are left out.
+  - One wheelhouse can so hold wheels for several Python releases side by side: each node gets and
+    installs the ones for its own.
+"""
+
+DOCUMENTATION_WHEELHOUSE_PYTHONS = """
+name: wheelhouse_pythons
+short_description: The Python releases for which a wheelhouse holds a given project
+description:
+  - Takes the file names in a wheelhouse and a project name (C(ray)); returns the sorted C(X.Y) releases
+    that its wheels are built for (C(cp311) is C(3.11), C(cp311-abi3) C(3.11+)), or C(any) for a
+    pure-Python wheel or an sdist.
+"""
+
+
+def _python_release(version):
+    """'3.13' or '3.13.5' -> (3, 13); ValueError for anything else."""
+    parts = str(version).strip().split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise ValueError("not a Python release: %r" % version)
+    return int(parts[0]), int(parts[1])
+
+
+def _accepted(release):
+    """{(interpreter, abi)} that CPython `release` installs, whatever the platform."""
+    interpreter = "cp%d%d" % release
+    accepted = set()
+    for tag in _tags.cpython_tags(python_version=release, abis=[interpreter], platforms=["any"]):
+        accepted.add((tag.interpreter, tag.abi))
+    for tag in _tags.compatible_tags(python_version=release, interpreter=interpreter, platforms=["any"]):
+        accepted.add((tag.interpreter, tag.abi))
+    return accepted
+
+
+def wheelhouse_for_python(filenames, python_version):
+    """The wheels (and sdists) among filenames that CPython python_version can install."""
+    from ansible.errors import AnsibleFilterError
+
+    try:
+        accepted = _accepted(_python_release(python_version))
+    except ValueError as err:
+        raise AnsibleFilterError("wheelhouse_for_python: %s" % err)
+    kept = []
+    for path in filenames or []:
+        name = os.path.basename(str(path))
+        if name.startswith("."):
+            continue
+        if name.endswith((".tar.gz", ".zip")):
+            kept.append(path)
+            continue
+        if not name.endswith(".whl"):
+            continue
+        try:
+            wheel_tags = parse_wheel_filename(name)[3]
+        except (InvalidWheelFilename, InvalidVersion):
+            continue
+        if any((tag.interpreter, tag.abi) in accepted for tag in wheel_tags):
+            kept.append(path)
+    return kept
+
+
+def wheelhouse_pythons(filenames, project):
+    """Sorted 'X.Y' releases (or 'any') that the wheelhouse's files of project are built for."""
+    wanted = canonicalize_name(str(project))
+    found = set()
+    for path in filenames or []:
+        name = os.path.basename(str(path))
+        try:
+            if name.endswith(".whl"):
+                parsed = parse_wheel_filename(name)
+                if canonicalize_name(parsed[0]) != wanted:
+                    continue
+                for tag in parsed[3]:
+                    if tag.interpreter.startswith("cp") and tag.interpreter[2:].isdigit():
+                        release = "%s.%s" % (tag.interpreter[2], tag.interpreter[3:])
+                        found.add(release + "+" if tag.abi == "abi3" else release)
+                    else:
+                        found.add("any")
+            elif name.endswith((".tar.gz", ".zip")) and canonicalize_name(parse_sdist_filename(name)[0]) == wanted:
+                found.add("any")
+        except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+            continue
+    return sorted(found, key=lambda v: (v == "any", [int(p) for p in v.rstrip("+").split(".")] if v != "any" else [], v))
 
 
 def _distributions(filenames):
@@ -59,4 +153,5 @@ class FilterModule(object):
     """raymetal filters for the wheelhouse."""
 
     def filters(self):
-        return {"wheelhouse_missing": wheelhouse_missing}
+        return {"wheelhouse_missing": wheelhouse_missing, "wheelhouse_for_python": wheelhouse_for_python,
+                "wheelhouse_pythons": wheelhouse_pythons}

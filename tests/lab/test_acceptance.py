@@ -133,7 +133,8 @@ def test_drift_is_named_and_fails_when_configured(cluster, lab, drift_probe):
 
 
 TRAFFIC = labkit.ROOT / "tests" / "fixtures" / "traffic"
-FAKE_SYS = "/tmp/raymetal-fake-sys"
+# Not under /tmp: Debian 13 mounts a tmpfs there, which hides what `docker cp` writes.
+FAKE_SYS = "/var/tmp/raymetal-fake-sys"
 
 
 @pytest.fixture

@@ -14,6 +14,9 @@ import pytest
 
 from tests.lab import labkit
 
+# The Debian 13 lab of `make e2e` (nftables 1.1 there; tools/e2e.sh).
+E2E_LAB = 2
+
 HEAD = labkit.HEAD
 OUTSIDER = f"{labkit.LAB_PREFIX}-outsider"
 

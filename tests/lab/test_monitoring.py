@@ -13,6 +13,10 @@ import urllib.parse
 
 from tests.lab import labkit
 
+# On the built-in (Debian 12) lab of `make e2e`, which has the shorter list; it also passed on the Debian 13
+# lab (Prometheus 2.53 and node_exporter 1.9 from its own mirror) when run there by hand.
+E2E_LAB = 1
+
 HEAD = labkit.HEAD
 RAY_HEAD_JOBS = {"ray_autoscaler", "ray_dashboard"}
 EVERY_NODE_JOBS = {"ray_node", "node"}

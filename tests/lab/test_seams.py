@@ -22,7 +22,8 @@ from tests.lab import labkit
 P = labkit.LAB_PREFIX
 HEAD = f"{P}-head"
 TOKEN_ENV = "set -a; . /etc/ray/ray.env; set +a"
-FIXTURE_DIR = "/tmp/raymetal-test-fixtures"
+# Not under /tmp: Debian 13 mounts a tmpfs there, which hides what `docker cp` writes.
+FIXTURE_DIR = "/var/tmp/raymetal-test-fixtures"
 
 
 def http_code(lab, path, token, on):

@@ -31,6 +31,8 @@ UBUNTU_2404_ARM = {"distribution": "Ubuntu", "distribution_version": "24.04", "d
                    "os_family": "Debian", "architecture": "aarch64", "kernel": "6.8.0-51-generic-64k"}
 DEBIAN_12 = {"distribution": "Debian", "distribution_version": "12.8", "distribution_major_version": "12",
              "os_family": "Debian", "architecture": "x86_64", "kernel": "6.1.0-28-amd64"}
+DEBIAN_13 = {"distribution": "Debian", "distribution_version": "13.2", "distribution_major_version": "13",
+             "os_family": "Debian", "architecture": "x86_64", "kernel": "6.12.57+deb13-amd64"}
 ROCKY_9 = {"distribution": "Rocky", "distribution_version": "9.5", "distribution_major_version": "9",
            "os_family": "RedHat", "architecture": "x86_64", "kernel": "5.14.0-503.14.1.el9_5.x86_64"}
 RHEL_8 = {"distribution": "RedHat", "distribution_version": "8.10", "distribution_major_version": "8",
@@ -101,6 +103,16 @@ def test_debian_12_forced_install_without_gpu_from_a_site_mirror():
     assert "no NVIDIA GPU on the PCI bus, so the driver was not loaded and neither nvidia-smi nor the driver version could be verified" in flat
 
 
+def test_debian_13_plans_its_own_repository_and_headers():
+    # vars/Debian.yml, then vars/Debian-13.yml on top: the repository follows the major release.
+    rc, out = plan(DEBIAN_13, "a100-pcie-2gpu")
+    assert rc == 0, out
+    assert "+URIs: https://developer.download.nvidia.com/compute/cuda/repos/debian13/x86_64/" in out
+    assert "- nvidia-open-570\n" in out
+    assert "- linux-headers-6.12.57+deb13-amd64\n" in out
+    assert "failed=0" in out
+
+
 def test_host_without_nvidia_gpu_skips_with_one_line():
     rc, out = plan(DEBIAN_12, "aspeed-only")
     assert rc == 0, out
@@ -134,6 +146,9 @@ def test_rhel_8_hgx_h100_proprietary_with_fabric_manager():
 @pytest.mark.parametrize("os_facts,tree,role_vars,needle", [
     (DEBIAN_12, "a100-pcie-2gpu", {"nvidia_driver_source": "distribution"},
      "nvidia_driver_branch is 570, but Debian 12 ships only branch 535"),
+    # Debian 13 ships another branch than Debian 12 (vars/Debian-13.yml).
+    (DEBIAN_13, "a100-pcie-2gpu", {"nvidia_driver_source": "distribution", "nvidia_driver_branch": "535"},
+     "nvidia_driver_branch is 535, but Debian 13 ships only branch 550"),
     (DEBIAN_12, "hgx-h100-8gpu", {"nvidia_driver_source": "distribution", "nvidia_driver_branch": "535"},
      "has 4 NVSwitches and needs nvidia-fabricmanager-535"),
     (ROCKY_9, "a100-pcie-2gpu", {"nvidia_driver_source": "distribution"},

@@ -114,3 +114,12 @@ def test_a_restart_marker_is_reported_with_its_reason(tmp_path):
     marker.write_text("")
     found = probe_mod.probe(str(tmp_path / "nope"), str(tmp_path), str(tmp_path / "s.json"), "", str(marker))
     assert found["restart_pending"]  # an empty marker still means a restart is owed
+
+
+def test_the_interpreter_that_runs_the_probe_is_reported_before_any_venv_exists(tmp_path):
+    # The wheels a node gets are chosen by this Python (ray_python), not by the venv's, which may not exist yet.
+    found = probe_mod.probe(str(tmp_path / "nope"), str(tmp_path), str(tmp_path / "s"))
+    assert found["python"] == "none"
+    assert found["interpreter"]["version"] == "%d.%d.%d" % sys.version_info[:3]
+    assert found["interpreter"]["machine"] == os.uname().machine
+    assert found["interpreter"]["glibc"].startswith("2.")

@@ -161,3 +161,46 @@ def test_wheelhouse_missing_names_only_what_is_absent():
         "ray[default]==2.61.0", "torch==2.9.1"]
     assert whfilter.wheelhouse_missing(["numpy"], []) == ["numpy"]
     assert whfilter.wheelhouse_missing(["bad req !"], WHEELS)[0].startswith("bad req ! (not a pip requirement: ")
+
+
+# One wheelhouse holding the wheels of Debian 12's Python (3.11) and Debian 13's (3.13) side by side,
+# as the lab's does: names as pip downloaded them.
+MIXED = ["ray-2.60.0-cp311-cp311-manylinux2014_x86_64.whl", "ray-2.60.0-cp313-cp313-manylinux2014_x86_64.whl",
+         "grpcio-1.85.3-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+         "grpcio-1.85.3-cp313-cp313-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+         "cryptography-50.0.2-cp311-abi3-manylinux_2_34_x86_64.whl", "protobuf-7.36.2-cp310-abi3-manylinux2014_x86_64.whl",
+         "nvidia_nccl_cu12-2.32.3-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+         "six-1.17.0-py2.py3-none-any.whl", "PyYAML-6.0.3.tar.gz", ".complete-ray-2.60.0-py3.13", "README"]
+
+
+def test_each_python_gets_its_own_wheels_and_the_shared_ones():
+    shared = ["cryptography-50.0.2-cp311-abi3-manylinux_2_34_x86_64.whl", "protobuf-7.36.2-cp310-abi3-manylinux2014_x86_64.whl",
+              "nvidia_nccl_cu12-2.32.3-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+              "six-1.17.0-py2.py3-none-any.whl", "PyYAML-6.0.3.tar.gz"]
+    assert whfilter.wheelhouse_for_python(MIXED, "3.13.5") == [
+        "ray-2.60.0-cp313-cp313-manylinux2014_x86_64.whl",
+        "grpcio-1.85.3-cp313-cp313-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"] + shared
+    assert whfilter.wheelhouse_for_python(MIXED, "3.11") == [
+        "ray-2.60.0-cp311-cp311-manylinux2014_x86_64.whl",
+        "grpcio-1.85.3-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"] + shared
+    # Python 3.10 cannot use the cp311 abi3 wheel; 3.12 finds no ray at all.
+    assert "cryptography-50.0.2-cp311-abi3-manylinux_2_34_x86_64.whl" not in whfilter.wheelhouse_for_python(MIXED, "3.10")
+    assert whfilter.wheelhouse_missing(["ray[default]==2.60.0", "nvidia-nccl-cu12==2.32.3"],
+                                       whfilter.wheelhouse_for_python(MIXED, "3.12")) == ["ray[default]==2.60.0"]
+    # Paths keep their directories.
+    assert whfilter.wheelhouse_for_python(["/wh/" + MIXED[1]], "3.13") == ["/wh/" + MIXED[1]]
+
+
+def test_a_bad_python_release_is_a_message_not_a_traceback():
+    from ansible.errors import AnsibleFilterError
+
+    with pytest.raises(AnsibleFilterError, match="not a Python release: 'python3'"):
+        whfilter.wheelhouse_for_python(MIXED, "python3")
+
+
+def test_wheelhouse_pythons_names_the_releases_a_project_is_built_for():
+    assert whfilter.wheelhouse_pythons(MIXED, "ray") == ["3.11", "3.13"]
+    assert whfilter.wheelhouse_pythons(MIXED, "cryptography") == ["3.11+"]
+    assert whfilter.wheelhouse_pythons(MIXED, "nvidia-nccl-cu12") == ["any"]
+    assert whfilter.wheelhouse_pythons(MIXED, "pyyaml") == ["any"]
+    assert whfilter.wheelhouse_pythons(MIXED, "torch") == []

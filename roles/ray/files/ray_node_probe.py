@@ -7,6 +7,8 @@ Run by the node's system Python (standard library only) in one round trip:
 - shm_bytes: size of /dev/shm (where Ray's object store lives)
 - temp_free_mb: free space on the filesystem that holds (or will hold) TEMP_DIR
 - ray, python: the Ray and Python versions inside VENV ("none" when VENV or Ray is missing)
+- interpreter: the Python that runs this probe, which is the one the venv is made from (ray_python):
+  version (X.Y.Z), machine and glibc, so the wheels for this node can be chosen before any venv exists
 - stamp: the install record that the role wrote into VENV after its last pip run (null if none)
 - wheels: the file names in WHEEL_DIR on the node, sorted (only when WHEEL_DIR is not empty)
 - restart_pending: the reason recorded in RESTART_MARKER by a run that changed Ray's files but did not get
@@ -20,6 +22,7 @@ Run by the node's system Python (standard library only) in one round trip:
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -124,6 +127,13 @@ def isolation_facts(cgroup_root="/sys/fs/cgroup", meminfo="/proc/meminfo"):
             "memory_bytes": memory}
 
 
+def interpreter_facts():
+    """Version, machine and C library of the Python running this probe (ray_python)."""
+    libc, libc_version = platform.libc_ver()
+    return {"version": platform.python_version(), "machine": platform.machine(),
+            "glibc": libc_version if libc == "glibc" else ""}
+
+
 def probe(venv, temp_dir, stamp_file, wheel_dir=None, restart_marker=None, link=None, shm="/dev/shm"):
     """Everything the role reads from the node, as a dict."""
     shm_stat = os.statvfs(shm)
@@ -134,6 +144,7 @@ def probe(venv, temp_dir, stamp_file, wheel_dir=None, restart_marker=None, link=
         "stamp": read_stamp(stamp_file),
         "restart_pending": read_marker(restart_marker),
         "isolation": isolation_facts(),
+        "interpreter": interpreter_facts(),
     }
     result.update(venv_versions(venv))
     if wheel_dir:
