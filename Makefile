@@ -120,6 +120,8 @@ test-labs: lab-prep venv
 	erc=0; $(MAKE) --no-print-directory e2e || erc=$$?; \
 	wait $$mpid; mrc=$$(cat artifacts/molecule.rc 2>/dev/null || echo 1); \
 	echo "=== molecule output ($$log)"; cat $$log; \
+	echo "=== lab end-to-end tests in short (whole output above)"; \
+	for f in artifacts/e2e-lab*.log; do [ -f "$$f" ] && grep -HE '^(FAILED|ERROR) |(passed|failed|errors?)( |,).* in [0-9.]+s' "$$f"; done; \
 	echo "=== molecule: exit $$mrc; lab end-to-end tests: exit $$erc"; \
 	[ "$$mrc" = 0 ] && [ "$$erc" = 0 ]
 
