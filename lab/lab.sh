@@ -406,10 +406,12 @@ mirror_packages() { grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' "$LAB_MIRROR
 # Download the listed packages and the dependencies the node image lacks,
 # index them as a flat repository (Packages at the top), once per package list
 # and image.
+mirror_stamp() { printf '%s\n' "$LAB_IMAGE" $(mirror_packages) | sha256sum | cut -c1-12; }
+
 build_mirror() {
   local wanted stamp
   wanted=$(mirror_packages)
-  stamp=$(printf '%s\n' "$LAB_IMAGE" $wanted | sha256sum | cut -c1-12)
+  stamp=$(mirror_stamp)
   [[ -f $LAB_MIRROR_DIR/.complete-$stamp ]] && return
   command -v dpkg-scanpackages >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dpkg-dev >/dev/null
   log "building the apt mirror in $LAB_MIRROR_DIR for: $(echo $wanted)"
@@ -438,6 +440,13 @@ cmd_mirror() {
   ensure_network "$LAB_PREFIX-mgmt" "$LAB_MGMT_SUBNET"
   local name=$LAB_PREFIX-mirror ip
   ip=$(net_base "$LAB_MGMT_SUBNET").5
+  # A mirror container started before the package list changed serves the
+  # directory that build_mirror replaced (gone from under it): start it again.
+  if [[ $(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null || true) == true ]] \
+    && ! docker exec "$name" test -f "/srv/mirror/.complete-$(mirror_stamp)" 2>/dev/null; then
+    log "restarting $name: the mirror was rebuilt for a new package list"
+    docker rm -f "$name" >/dev/null
+  fi
   if [[ $(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null || true) != true ]]; then
     docker rm -f "$name" >/dev/null 2>&1 || true
     docker run -d --name "$name" --label "io.raymetal.lab=$LAB_PREFIX" --label "io.raymetal.role=mirror" \
