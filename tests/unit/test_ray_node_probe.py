@@ -91,7 +91,7 @@ def test_temp_dir_space_is_measured_on_the_nearest_existing_parent(tmp_path):
     assert probe_mod.existing_parent(str(tmp_path / "x" / "y")) == str(tmp_path)
 
 
-@pytest.mark.parametrize("args", [[], ["a", "b"], ["a", "b", "c", "d", "e", "f", "g"]])
+@pytest.mark.parametrize("args", [[], ["a", "b"], ["a", "b", "c", "d", "e", "f", "g", "h"]])
 def test_wrong_arguments_print_usage_and_exit_2(args):
     proc = subprocess.run([sys.executable, PROBE] + args, capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "ray_node_probe.py VENV TEMP_DIR STAMP_FILE" in proc.stderr
@@ -114,3 +114,22 @@ def test_a_restart_marker_is_reported_with_its_reason(tmp_path):
     marker.write_text("")
     found = probe_mod.probe(str(tmp_path / "nope"), str(tmp_path), str(tmp_path / "s.json"), "", str(marker))
     assert found["restart_pending"]  # an empty marker still means a restart is owed
+
+
+def test_units_report_enabled_and_active_as_systemctl_prints_them(tmp_path, monkeypatch):
+    # A stand-in systemctl: is-enabled and is-active print one line per unit, in order, as systemd's does.
+    fake = tmp_path / "bin" / "systemctl"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n"
+                    "case $1 in is-enabled) printf 'enabled\\nnot-found\\n' ;; is-active) printf 'active\\ninactive\\n' ;; esac\n"
+                    "exit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (fake.parent, os.environ["PATH"]))
+    found = probe_mod.probe(str(tmp_path / "nope"), str(tmp_path), str(tmp_path / "s"), "", "", "",
+                            "ray-prune-sessions.timer,gone.service")
+    assert found["units"] == {"ray-prune-sessions.timer": "enabled/active", "gone.service": "not-found/inactive"}
+    # Without UNITS there is no such key; an answer that does not fit is "unknown", never a guess.
+    assert "units" not in probe_mod.probe(str(tmp_path / "nope"), str(tmp_path), str(tmp_path / "s"))
+    fake.write_text("#!/bin/sh\necho enabled\n")
+    assert probe_mod.unit_states(["a.timer", "b.service"]) == {"a.timer": "unknown/unknown",
+                                                                "b.service": "unknown/unknown"}
