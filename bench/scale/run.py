@@ -124,10 +124,13 @@ def measure_size(args, nodes, work, with_floor):
             lab.down()
         log("%d nodes: fresh lab (not timed)" % nodes)
         lab.up()
-        for phase in ("deploy", "rerun"):
+        phases = [("deploy", args.strategy), ("rerun", args.strategy)]
+        if args.compare_strategy:
+            phases.append(("rerun+", args.compare_strategy))
+        for phase, strategy in phases:
             (recap, sent), m = deploy_bench.measured(lab, "%s, %d nodes" % (phase, nodes),
-                                                     lambda p=phase: playbook(lab, "%s-%d" % (p, nodes),
-                                                                              args.extra_vars, args.strategy))
+                                                     lambda p=phase, st=strategy: playbook(
+                                                         lab, "%s-%d" % (p, nodes), args.extra_vars, st))
             m["sent"] = sent
             m["changed"] = dict((h, c["changed"]) for h, c in recap.items() if c["changed"])
             row[phase] = m
@@ -160,7 +163,9 @@ def report(args, rows):
             print("%5d  %-8s %8.1f %9.1f %9.2f %10s %9s %9s  %.1f/%.1f" % (
                 n, "floor", m["wall"], m["controller_cpu"], m["controller_cpu"] / n, "(docker)", "",
                 deploy_bench.fmt(m["node_cpu"]), m["load_before"], m["load_after"]))
-        for phase in ("deploy", "rerun"):
+        for phase in ("deploy", "rerun", "rerun+"):
+            if phase not in row:
+                continue
             m = row[phase]
             print("%5d  %-8s %8.1f %9.1f %9.2f %10.1f %9.1f %9s  %.1f/%.1f" % (
                 n, phase, m["wall"], m["controller_cpu"], m["controller_cpu"] / n, m["sent"] / 1e6,
@@ -168,9 +173,14 @@ def report(args, rows):
     print("-" * len(head))
     print("ctl CPU: CPU seconds of this script's children (ansible-playbook, its workers, ssh, rsync); MB sent: "
           "what the controller sent into the lab's bridges; node CPU: the containers' cgroups.")
+    if args.compare_strategy:
+        print("rerun+: one more no-op rerun with ANSIBLE_STRATEGY=%s, for comparison only (the goals are judged on "
+              "the rerun above)." % args.compare_strategy)
     print()
     lines = {}
-    for phase in ("deploy", "rerun"):
+    for phase in ("deploy", "rerun", "rerun+"):
+        if any(phase not in row for row in rows):
+            continue
         line = fit([(row["nodes"], row[phase]["controller_cpu"]) for row in rows])
         lines[phase] = line
         if line:
@@ -218,6 +228,9 @@ def main():
     parser.add_argument("--mgmt-subnet", default="10.231.200.0/24")
     parser.add_argument("--fabric-subnet", default="10.231.210.0/24")
     parser.add_argument("--strategy", help="ANSIBLE_STRATEGY for every run (default: ansible.cfg's)")
+    parser.add_argument("--compare-strategy", metavar="S",
+                        help="one more no-op rerun per size with ANSIBLE_STRATEGY=S (e.g. raymetal_linear, Mitogen), "
+                             "printed beside the others")
     parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS")
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir (logs) after a successful run")
     args = parser.parse_args()
