@@ -291,6 +291,14 @@ start_node() {
     --network "$LAB_PREFIX-mgmt" --ip "$mgmt_ip" \
     "$LAB_IMAGE" /lib/systemd/systemd >/dev/null
   docker network connect --ip "$fabric_ip" "$LAB_PREFIX-fabric" "$name"
+  # The image's raymetal-lab-fabric unit runs once at boot: let it finish
+  # (it finds no address file yet) before the rename below, or both rename
+  # the same NIC at once on a loaded machine ("Cannot find device eth1").
+  local i
+  for ((i = 0; i < 60; i++)); do
+    [[ $(docker exec "$name" systemctl is-active raymetal-lab-fabric.service 2>/dev/null || true) == active ]] && break
+    sleep 1
+  done
   # The fabric NIC appears as eth1; real hosts call it ib0. The image's
   # raymetal-lab-fabric unit renames it now and at every later boot.
   docker exec "$name" sh -c "mkdir -p /etc/raymetal-lab && echo $fabric_ip >/etc/raymetal-lab/fabric-address \
