@@ -28,15 +28,33 @@ OUTSIDER = f"{labkit.LAB_PREFIX}-mirror-outsider"
 ACCESS = re.compile(r'^(?P<ip>\d+\.\d+\.\d+\.\d+) .*?"GET /(?P<file>\S*) HTTP/[\d.]+" (?P<status>\d+) (?P<bytes>\d+)')
 
 
+def access_log():
+    """The mirror's answered GETs in order: [(IP, path, status, bytes)]."""
+    log = labkit.sh(HEAD, "journalctl -t raymetal_wheelhouse -o cat --no-pager").stdout
+    return [(m["ip"], "/" + m["file"], m["status"], int(m["bytes"]))
+            for m in (ACCESS.match(line.strip()) for line in log.splitlines()) if m]
+
+
 def fetched(lab):
     """{fetching IP: {wheel file name: bytes}} of the GETs the mirror answered with 200."""
-    log = labkit.sh(HEAD, "journalctl -t raymetal_wheelhouse -o cat --no-pager").stdout
     got = {}
-    for line in log.splitlines():
-        match = ACCESS.match(line.strip())
-        if match and match["status"] == "200" and match["file"].endswith(".whl"):
-            got.setdefault(match["ip"], {})[match["file"]] = int(match["bytes"])
+    for ip, path, status, size in access_log():
+        if status == "200" and path.endswith(".whl"):
+            got.setdefault(ip, {})[path[1:]] = size
     return got
+
+
+def pip_runs(ip):
+    """The wheels each pip run of one node fetched: pip reads the listing (GET /) once per run, then its wheels."""
+    runs = []
+    for who, path, status, _ in access_log():
+        if who != ip or status != "200":
+            continue
+        if path == "/":
+            runs.append([])
+        elif runs:
+            runs[-1].append(path[1:])
+    return runs
 
 
 def test_only_the_mirror_host_received_the_wheelhouse_and_every_other_node_installed_from_it(cluster, lab):
@@ -57,6 +75,9 @@ def test_only_the_mirror_host_received_the_wheelhouse_and_every_other_node_insta
         size = int(labkit.sh(HEAD, f"stat -c %s {WHEELHOUSE}/{ray_wheel[0]}").stdout)
         assert mine.get(ray_wheel[0]) == size, (name, sorted(mine))
         assert nccl_wheel[0] in mine, (name, sorted(mine))
+        # Ray and NCCL came in one pip run (the same listing read), not two.
+        runs = [run for run in pip_runs(lab[name]["lab_fabric_ip"]) if ray_wheel[0] in run]
+        assert runs and all(nccl_wheel[0] in run for run in runs), (name, runs)
         # What it installed is what the head holds: Ray and NCCL in the venv, one install record.
         versions = labkit.sh(name, "/opt/ray/venv/bin/python -c \"import importlib.metadata as m; "
                                    "print(m.version('ray'), m.version('nvidia-nccl-cu12'))\"").stdout.split()
