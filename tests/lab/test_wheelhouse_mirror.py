@@ -24,37 +24,34 @@ HEAD = labkit.HEAD
 MIRROR_PORT = 8480
 WHEELHOUSE = "/var/cache/raymetal/wheelhouse"
 OUTSIDER = f"{labkit.LAB_PREFIX}-mirror-outsider"
-# The mirror's access log (syslog tag raymetal_wheelhouse): 'ADDRESS "GET /FILE HTTP/1.1" STATUS BYTES'.
-ACCESS = re.compile(r'^(?P<ip>\d+\.\d+\.\d+\.\d+) .*?"GET /(?P<file>\S*) HTTP/[\d.]+" (?P<status>\d+) (?P<bytes>\d+)')
+# The mirror's access log (syslog tag raymetal_wheelhouse): 'ADDRESS CONNECTION "GET /FILE HTTP/1.1" STATUS BYTES'.
+ACCESS = re.compile(r'^(?P<ip>\d+\.\d+\.\d+\.\d+) (?P<conn>\d+) "GET /(?P<file>\S*) HTTP/[\d.]+" '
+                    r'(?P<status>\d+) (?P<bytes>\d+)')
 
 
 def access_log():
-    """The mirror's answered GETs in order: [(IP, path, status, bytes)]."""
+    """The mirror's answered GETs in order: [(IP, connection, path, status, bytes)]."""
     log = labkit.sh(HEAD, "journalctl -t raymetal_wheelhouse -o cat --no-pager").stdout
-    return [(m["ip"], "/" + m["file"], m["status"], int(m["bytes"]))
+    return [(m["ip"], m["conn"], "/" + m["file"], m["status"], int(m["bytes"]))
             for m in (ACCESS.match(line.strip()) for line in log.splitlines()) if m]
 
 
 def fetched(lab):
     """{fetching IP: {wheel file name: bytes}} of the GETs the mirror answered with 200."""
     got = {}
-    for ip, path, status, size in access_log():
+    for ip, _, path, status, size in access_log():
         if status == "200" and path.endswith(".whl"):
             got.setdefault(ip, {})[path[1:]] = size
     return got
 
 
 def pip_runs(ip):
-    """The wheels each pip run of one node fetched: pip reads the listing (GET /) once per run, then its wheels."""
-    runs = []
-    for who, path, status, _ in access_log():
-        if who != ip or status != "200":
-            continue
-        if path == "/":
-            runs.append([])
-        elif runs:
-            runs[-1].append(path[1:])
-    return runs
+    """The wheels each pip run of one node fetched: one pip run reads them all over one keep-alive connection."""
+    runs = {}
+    for who, conn, path, status, _ in access_log():
+        if who == ip and status == "200" and path.endswith(".whl"):
+            runs.setdefault(conn, []).append(path[1:])
+    return list(runs.values())
 
 
 def test_only_the_mirror_host_received_the_wheelhouse_and_every_other_node_installed_from_it(cluster, lab):
@@ -75,7 +72,7 @@ def test_only_the_mirror_host_received_the_wheelhouse_and_every_other_node_insta
         size = int(labkit.sh(HEAD, f"stat -c %s {WHEELHOUSE}/{ray_wheel[0]}").stdout)
         assert mine.get(ray_wheel[0]) == size, (name, sorted(mine))
         assert nccl_wheel[0] in mine, (name, sorted(mine))
-        # Ray and NCCL came in one pip run (the same listing read), not two.
+        # Ray and NCCL came in one pip run (over one connection), not two.
         runs = [run for run in pip_runs(lab[name]["lab_fabric_ip"]) if ray_wheel[0] in run]
         assert runs and all(nccl_wheel[0] in run for run in runs), (name, runs)
         # What it installed is what the head holds: Ray and NCCL in the venv, one install record.
