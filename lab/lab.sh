@@ -390,6 +390,14 @@ start_node() {
     docker start "$name" >/dev/null
   fi
   docker network connect --ip "$fabric_ip" "$LAB_PREFIX-fabric" "$name"
+  # The image's raymetal-lab-fabric unit runs once at boot: let it finish
+  # (it finds no address file yet) before the rename below, or both rename
+  # the same NIC at once on a loaded machine ("Cannot find device eth1").
+  local i
+  for ((i = 0; i < 60; i++)); do
+    [[ $(docker exec "$name" systemctl is-active raymetal-lab-fabric.service 2>/dev/null || true) == active ]] && break
+    sleep 1
+  done
   # The fabric NIC appears as eth1; real hosts call it ib0. The image's
   # raymetal-lab-fabric unit renames it now and at every later boot.
   docker exec "$name" sh -c "mkdir -p /etc/raymetal-lab && echo $fabric_ip >/etc/raymetal-lab/fabric-address \
@@ -536,12 +544,16 @@ release_apt_update() {
 # Download the listed packages and the dependencies the release's node image
 # lacks, index them as a flat repository (Packages at the top), once per
 # package list and image.
+# A release's mirror stamp: its image and the package list.
+# shellcheck disable=SC2046  # one line per package
+mirror_stamp() { printf '%s\n' "$(image_for_release "$1")" $(mirror_packages) | sha256sum | cut -c1-12; }
+
 build_mirror() {
   local release=$1 image dir wanted stamp
   image=$(image_for_release "$release")
   dir=$(mirror_dir "$release")
   wanted=$(mirror_packages)
-  stamp=$(printf '%s\n' "$image" $wanted | sha256sum | cut -c1-12)
+  stamp=$(mirror_stamp "$release")
   [[ -f $dir/.complete-$stamp ]] && return
   command -v dpkg-scanpackages >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dpkg-dev >/dev/null
   log "building the Debian $release apt mirror in $dir for: $(echo $wanted)"
@@ -581,12 +593,20 @@ cmd_mirror() {
   local name=$LAB_PREFIX-mirror ip releases release volumes=()
   ip=$(net_base "$LAB_MGMT_SUBNET").5
   releases=$(lab_releases | sort | xargs)
-  for release in $releases; do volumes+=(-v "$(mirror_dir "$release"):/srv/mirror/$release:ro"); done
-  if [[ $(docker inspect -f '{{.State.Running}} {{index .Config.Labels "io.raymetal.releases"}}' "$name" 2>/dev/null || true) \
-    != "true $releases" ]]; then
+  # The label names each release's mirror as built (its stamp): a container
+  # started before a package list changed serves a directory that build_mirror
+  # replaced (gone from under it), so it is started again.
+  local served=""
+  for release in $releases; do
+    volumes+=(-v "$(mirror_dir "$release"):/srv/mirror/$release:ro")
+    served+="$release:$(mirror_stamp "$release") "
+  done
+  served=${served% }
+  if [[ $(docker inspect -f '{{.State.Running}} {{index .Config.Labels "io.raymetal.mirror"}}' "$name" 2>/dev/null || true) \
+    != "true $served" ]]; then
     docker rm -f "$name" >/dev/null 2>&1 || true
     docker run -d --name "$name" --label "io.raymetal.lab=$LAB_PREFIX" --label "io.raymetal.role=mirror" \
-      --label "io.raymetal.releases=$releases" --network "$LAB_PREFIX-mgmt" --ip "$ip" "${volumes[@]}" \
+      --label "io.raymetal.mirror=$served" --network "$LAB_PREFIX-mgmt" --ip "$ip" "${volumes[@]}" \
       "$LAB_IMAGE" python3 -m http.server "$LAB_MIRROR_PORT" --bind "$ip" --directory /srv/mirror >/dev/null
   fi
   local i

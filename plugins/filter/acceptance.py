@@ -13,7 +13,8 @@ DOCUMENTATION_ACCEPTANCE_NODES = """
 name: acceptance_nodes
 short_description: Collect each host's node_checks fact from hostvars
 description:
-  - Returns {host: node_checks fact}; a host without the fact (unreachable, module failed) gets
+  - >-
+    Returns {host: node_checks fact}; a host without the fact (unreachable, module failed) gets
     a record with one C(fail) finding that says so, so it is never silently left out.
 """
 
@@ -21,10 +22,12 @@ DOCUMENTATION_ACCEPTANCE_REPORT = """
 name: acceptance_report
 short_description: Turn node checks, drift and traffic figures into per-node verdicts
 description:
-  - Input is {host: node_checks fact} (from acceptance_nodes), the pinned versions (a dict, empty
+  - >-
+    Input is {host: node_checks fact} (from acceptance_nodes), the pinned versions (a dict, empty
     values ignored), the version keys whose drift is a failure (others warn), and optional traffic
     results (a list of {kind, src, dst, ...} from the ring tests).
-  - Returns {nodes: {host: {verdict, findings, figures}}, drift: [...], traffic: [...],
+  - >-
+    Returns {nodes: {host: {verdict, findings, figures}}, drift: [...], traffic: [...],
     summary: {PASS, WARN, FAIL}, lines: ["host: VERDICT reason; reason"], failed: bool}.
 """
 

@@ -23,7 +23,8 @@ DOCUMENTATION_RAY_SUMMARY_TABLE = """
 name: ray_summary_table
 short_description: Render the ray_cluster fact as a fixed-width table
 description:
-  - Returns a list of lines (for ansible.builtin.debug msg): a header, one row per Ray node
+  - >-
+    Returns a list of lines (for ansible.builtin.debug msg): a header, one row per Ray node
     (inventory host matched by IP, fabric IP, state, CPUs, GPUs, memory GiB, object store GiB),
     a row per expected host with no node (state MISSING), then TOTAL and AVAILABLE lines.
 """

@@ -10,10 +10,12 @@ DOCUMENTATION_RAY_NODE_LABELS = """
 name: ray_node_labels
 short_description: Derive a node's Ray labels from its fabric and GPU facts and the site's topology
 description:
-  - Input is the host's fabric fact (fabric_facts module); arguments are the nvidia_gpu and
+  - >-
+    Input is the host's fabric fact (fabric_facts module); arguments are the nvidia_gpu and
     nvidia_driver facts (nvidia_gpu_facts; either may be empty), the host name, and the site's
     topology (a dict such as {rack: r12, leaf: leaf3}).
-  - Returns {label: value} (all strings) under raymetal's own prefix C(raymetal.io/):
+  - >-
+    Returns {label: value} (all strings) under raymetal's own prefix C(raymetal.io/):
     C(fabric) (infiniband, roce or ethernet), C(rdma-rails) and C(link-rate-gbps) (the slowest
     active rail) on RDMA fabrics, C(gpu-count), C(gpu-model) and C(gpu-memory-gib) on GPU nodes,
     one C(raymetal.io/<key>) per topology entry; and Ray's topology label C(ray.io/gpu-domain) on

@@ -103,6 +103,47 @@ def node_software_lines(hosts, hostvars):
     return lines
 
 
+DOCUMENTATION_OS_PROBLEMS = """
+name: os_problems
+short_description: What is wrong with each host's OS for raymetal, for all hosts of a play at once
+description:
+  - >-
+    Takes the play's host names and hostvars (what the validation gathered: ansible_facts with
+    service_mgr, os_family, distribution, distribution_version) and returns {host: problem} for the
+    hosts whose service manager is not systemd (unless raymetal_validate_require_systemd is false for
+    that host) or whose OS family is not supported (unless raymetal_allow_unsupported_os is true).
+  - >-
+    Hosts that could not be reached (their registered __validate_setup says unreachable) are left out:
+    the reachability check names them.
+"""
+
+
+def _flag(value, default):
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "1", "on")
+    return bool(value)
+
+
+def os_problems(hosts, hostvars, supported_families):
+    """{host: problem} for the hosts whose OS raymetal cannot deploy on (see DOCUMENTATION_OS_PROBLEMS)."""
+    problems = {}
+    for host in hosts or []:
+        hvars = hostvars[host] if host in hostvars else {}
+        if (hvars.get("__validate_setup") or {}).get("unreachable"):
+            continue
+        facts = hvars.get("ansible_facts") or {}
+        service_mgr = facts.get("service_mgr") or "unknown"
+        family = facts.get("os_family") or "unknown"
+        if service_mgr != "systemd" and _flag(hvars.get("raymetal_validate_require_systemd"), True):
+            problems[host] = "service manager is %s, not systemd" % service_mgr
+        elif family not in list(supported_families) and not _flag(hvars.get("raymetal_allow_unsupported_os"), False):
+            problems[host] = "%s %s (%s family) is not supported" % (
+                facts.get("distribution") or "unknown", facts.get("distribution_version") or "", family)
+    return problems
+
+
 class FilterModule:
     """raymetal filters."""
 
@@ -112,4 +153,5 @@ class FilterModule:
             "ipv4_by_interface": ipv4_by_interface,
             "interface_of_ipv4": interface_of_ipv4,
             "node_software_lines": node_software_lines,
+            "os_problems": os_problems,
         }

@@ -26,12 +26,15 @@ DOCUMENTATION_WHEELHOUSE_FOR_PYTHON = """
 name: wheelhouse_for_python
 short_description: The files of a wheelhouse that a given CPython release can install
 description:
-  - Takes the file names in a wheelhouse directory and a Python release (C(3.13), or C(3.13.5)); returns,
+  - >-
+    Takes the file names in a wheelhouse directory and a Python release (C(3.13), or C(3.13.5)); returns,
     in order, the wheels whose Python and ABI tags CPython of that release accepts (C(cp313-cp313),
     C(cp310-abi3), C(py3-none), ...) and every sdist (pip may build it anywhere).
-  - Platform tags are not looked at (the wheelhouse is built for the nodes' platform); hidden files and
+  - >-
+    Platform tags are not looked at (the wheelhouse is built for the nodes' platform); hidden files and
     other names are left out.
-  - One wheelhouse can so hold wheels for several Python releases side by side: each node gets and
+  - >-
+    One wheelhouse can so hold wheels for several Python releases side by side: each node gets and
     installs the ones for its own.
 """
 
@@ -149,9 +152,50 @@ def wheelhouse_missing(requirements, filenames):
     return missing
 
 
+DOCUMENTATION_WHEELHOUSE_PIP_SOURCE = """
+name: wheelhouse_pip_source
+short_description: Where one node's pip run takes Ray's packages from, and the pip arguments that say so
+description:
+  - >-
+    Takes the ray role's C(ray_install_source) and returns a dict with C(kind) (C(local): the node's own
+    wheelhouse directory; C(mirror): the wheelhouse mirror host over HTTP; C(index): a package index or pip's
+    configuration), C(args) (pip arguments, a list) and C(where) (for messages).
+  - >-
+    C(wheelhouse) with C(fanout=mirror) installs from the mirror (C(--no-index --find-links http://IP:PORT/
+    --trusted-host IP --no-cache-dir)) except on the mirror host itself, which installs from its directory;
+    C(fanout=copy) and C(path) install from the node's directory.
+"""
+
+
+def wheelhouse_pip_source(install_source, fanout="mirror", is_mirror=False, mirror_ip="", mirror_port=8480,
+                          wheelhouse_dir="", index_url=""):
+    """{kind, args, where} of the pip run on one node (see DOCUMENTATION_WHEELHOUSE_PIP_SOURCE)."""
+    source = str(install_source)
+    if source not in ("index", "wheelhouse", "path"):
+        raise ValueError("ray_install_source=%r: expected index, wheelhouse or path" % (install_source,))
+    if source == "index":
+        args = ["--index-url", str(index_url)] if index_url else []
+        return {"kind": "index", "args": args, "where": str(index_url) or "the index in pip's configuration"}
+    if source == "path" or str(fanout) == "copy" or _truthy(is_mirror):
+        return {"kind": "local", "args": ["--no-index", "--find-links", str(wheelhouse_dir)],
+                "where": str(wheelhouse_dir)}
+    if str(fanout) != "mirror":
+        raise ValueError("ray_wheelhouse_fanout=%r: expected mirror or copy" % (fanout,))
+    url = "http://%s:%d/" % (mirror_ip or "(no mirror address)", int(mirror_port))
+    # pip refuses a plain-HTTP location unless it is a trusted host; --no-cache-dir keeps no second copy.
+    return {"kind": "mirror", "args": ["--no-index", "--find-links", url, "--trusted-host", str(mirror_ip),
+                                       "--no-cache-dir"], "where": url}
+
+
+def _truthy(value):
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "1", "on")
+    return bool(value)
+
+
 class FilterModule(object):
     """raymetal filters for the wheelhouse."""
 
     def filters(self):
         return {"wheelhouse_missing": wheelhouse_missing, "wheelhouse_for_python": wheelhouse_for_python,
-                "wheelhouse_pythons": wheelhouse_pythons}
+                "wheelhouse_pythons": wheelhouse_pythons, "wheelhouse_pip_source": wheelhouse_pip_source}

@@ -12,7 +12,7 @@ module: node_files
 short_description: Directories and small text files, each with its owner, group and mode, in one round trip
 version_added: "0.3.0"
 description:
-  - Puts every entry of O(files) in place in one module run: one round trip to the node instead of one
+  - Puts every entry of O(files) in place in one module run, so one round trip to the node instead of one
     (or two) per file with M(ansible.builtin.template) or M(ansible.builtin.copy). Roles render the
     contents on the controller (C(lookup('ansible.builtin.template', ...)),
     C(lookup('ansible.builtin.file', ...))) and hand them over here.
@@ -60,6 +60,13 @@ options:
         description: Keep this entry out of the diff (a token, a password). Its content is still compared.
         type: bool
         default: false
+      validate:
+        description:
+          - A command that checks the new content before it replaces the file, run on the temporary file
+            written beside it (C(%s) in the command is its path), as M(ansible.builtin.template)'s
+            C(validate) does. A non-zero exit leaves the file as it was and fails the task with the
+            command's output. Not run in check mode, nor when the content is unchanged.
+        type: str
 author: raymetal
 """
 
@@ -110,13 +117,20 @@ def _read(path):
         return None
 
 
-def _write(module, path, data):
-    """Write data beside path and rename it over path (atomic for readers)."""
+def _write(module, path, data, validate=None):
+    """Write data beside path, check it with `validate` (if given), and rename it over path (atomic for readers)."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+        if validate:
+            if "%s" not in validate:
+                module.fail_json(msg="files: %s: validate must contain %%s (the file to check): %r" % (path, validate))
+            rc, out, err = module.run_command(validate % tmp)
+            if rc != 0:
+                module.fail_json(msg="%s: the new content failed validation (%s, rc=%d): %s"
+                                 % (path, validate, rc, (err or out).strip()), path=path)
         module.atomic_move(tmp, path)
     except Exception:
         if os.path.exists(tmp):
@@ -180,7 +194,7 @@ def put(module, entry):
             _attributes(module, entry, True)
         return True, created, diff
     if changed:
-        _write(module, path, wanted)
+        _write(module, path, wanted, entry.get("validate"))
     return _attributes(module, entry, changed), created, diff
 
 
@@ -195,6 +209,7 @@ def main():
                 group=dict(type="str"),
                 mode=dict(type="raw"),
                 secret=dict(type="bool", default=False, no_log=False),
+                validate=dict(type="str"),
             )),
         ),
         supports_check_mode=True,

@@ -126,3 +126,28 @@ def test_a_secret_files_content_is_masked_in_what_the_module_returns(tmp_path):
         run(files)
     assert "RAY_REDIS_PASSWORD=0123abcd\n" in seen["module"].no_log_values
     assert "shown\n" not in seen["module"].no_log_values
+
+
+def test_validate_checks_new_content_before_it_replaces_the_file(tmp_path):
+    path = tmp_path / "table.nft"
+    checker = tmp_path / "check"
+    # A stand-in for `nft -c -f %s`: accepts a file without the word BAD.
+    checker.write_text("#!/bin/sh\n! grep -q BAD \"$1\"\n")
+    checker.chmod(0o755)
+    entry = {"path": str(path), "content": "table inet raymetal {}\n", "validate": f"{checker} %s"}
+    assert run([entry])["changed_paths"] == [str(path)]
+    assert path.read_text() == "table inet raymetal {}\n"
+    entry["content"] = "table inet raymetal { BAD }\n"
+    args = {"files": [entry], "_ansible_check_mode": False, "_ansible_diff": False}
+    outcome, result = run_module(node_files, args)
+    assert outcome is FailJson and "failed validation" in result["msg"], result
+    # The file kept its content, and no temporary file was left beside it.
+    assert path.read_text() == "table inet raymetal {}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["check", "table.nft"]
+    # Unchanged content is not validated again; check mode never runs it.
+    entry["content"] = "table inet raymetal {}\n"
+    entry["validate"] = "/bin/false %s"
+    assert run([entry])["changed_paths"] == []
+    entry["content"] = "table inet raymetal { x }\n"
+    assert run([entry], check=True)["changed_paths"] == [str(path)]
+    assert path.read_text() == "table inet raymetal {}\n"

@@ -91,7 +91,7 @@ def test_temp_dir_space_is_measured_on_the_nearest_existing_parent(tmp_path):
     assert probe_mod.existing_parent(str(tmp_path / "x" / "y")) == str(tmp_path)
 
 
-@pytest.mark.parametrize("args", [[], ["a", "b"], ["a", "b", "c", "d", "e", "f", "g"]])
+@pytest.mark.parametrize("args", [[], ["a", "b"], ["a", "b", "c", "d", "e", "f", "g", "h", "i"]])
 def test_wrong_arguments_print_usage_and_exit_2(args):
     proc = subprocess.run([sys.executable, PROBE] + args, capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "ray_node_probe.py VENV TEMP_DIR STAMP_FILE" in proc.stderr
@@ -123,3 +123,34 @@ def test_the_interpreter_that_runs_the_probe_is_reported_before_any_venv_exists(
     assert found["interpreter"]["version"] == "%d.%d.%d" % sys.version_info[:3]
     assert found["interpreter"]["machine"] == os.uname().machine
     assert found["interpreter"]["glibc"].startswith("2.")
+
+
+def test_units_report_enabled_and_active_as_systemctl_prints_them(tmp_path, monkeypatch):
+    # A stand-in systemctl: is-enabled and is-active print one line per unit, in order, as systemd's does.
+    fake = tmp_path / "bin" / "systemctl"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n"
+                    "case $1 in is-enabled) printf 'enabled\\nnot-found\\n' ;; is-active) printf 'active\\ninactive\\n' ;; esac\n"
+                    "exit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (fake.parent, os.environ["PATH"]))
+    found = probe_mod.probe(str(tmp_path / "nope"), str(tmp_path), str(tmp_path / "s"), "", "", "",
+                            "ray-prune-sessions.timer,gone.service")
+    assert found["units"] == {"ray-prune-sessions.timer": "enabled/active", "gone.service": "not-found/inactive"}
+    # Without UNITS there is no such key; an answer that does not fit is "unknown", never a guess.
+    assert "units" not in probe_mod.probe(str(tmp_path / "nope"), str(tmp_path), str(tmp_path / "s"))
+    fake.write_text("#!/bin/sh\necho enabled\n")
+    assert probe_mod.unit_states(["a.timer", "b.service"]) == {"a.timer": "unknown/unknown",
+                                                                "b.service": "unknown/unknown"}
+
+
+def test_account_reports_the_user_and_group_entries_or_none():
+    import grp
+    import pwd
+    me = pwd.getpwuid(os.getuid())
+    group = grp.getgrgid(os.getgid()).gr_name
+    found = probe_mod.account_facts("%s:%s" % (me.pw_name, group))
+    assert found["user"] == {"name": me.pw_name, "uid": me.pw_uid, "group": grp.getgrgid(me.pw_gid).gr_name,
+                             "home": me.pw_dir, "shell": me.pw_shell, "comment": me.pw_gecos}
+    assert found["group"] == {"name": group, "gid": os.getgid()}
+    assert probe_mod.account_facts("no-such-user-raymetal:no-such-group-raymetal") == {"user": None, "group": None}

@@ -81,3 +81,22 @@ def test_interface_of_ipv4_finds_primary_and_secondary_addresses():
     assert interface_of_ipv4(facts, "10.3.0.5") == "ib0"
     assert interface_of_ipv4(facts, "10.9.9.9") == ""
     assert interface_of_ipv4(facts, "") == ""
+
+
+def test_os_problems_names_each_host_that_raymetal_cannot_deploy_on():
+    hostvars = {
+        "ok": {"ansible_facts": {"service_mgr": "systemd", "os_family": "Debian"}},
+        "sysv": {"ansible_facts": {"service_mgr": "sysvinit", "os_family": "Debian"}},
+        "arch": {"ansible_facts": {"service_mgr": "systemd", "os_family": "Archlinux", "distribution": "Archlinux",
+                                   "distribution_version": "rolling"}},
+        "arch_allowed": {"ansible_facts": {"service_mgr": "systemd", "os_family": "Archlinux"},
+                         "raymetal_allow_unsupported_os": "true"},
+        "no_systemd_needed": {"ansible_facts": {"service_mgr": "openrc", "os_family": "Debian"},
+                              "raymetal_validate_require_systemd": False},
+        "down": {"__validate_setup": {"unreachable": True}},
+    }
+    assert f.os_problems(list(hostvars), hostvars, ["Debian", "RedHat"]) == {
+        "sysv": "service manager is sysvinit, not systemd",
+        "arch": "Archlinux rolling (Archlinux family) is not supported",
+    }
+    assert f.os_problems([], hostvars, ["Debian"]) == {}

@@ -204,3 +204,45 @@ def test_wheelhouse_pythons_names_the_releases_a_project_is_built_for():
     assert whfilter.wheelhouse_pythons(MIXED, "nvidia-nccl-cu12") == ["any"]
     assert whfilter.wheelhouse_pythons(MIXED, "pyyaml") == ["any"]
     assert whfilter.wheelhouse_pythons(MIXED, "torch") == []
+
+
+# --- wheelhouse_pip_source: where each node's pip run takes Ray's packages from (issue 16) ---
+
+def pip_source(*args, **kwargs):
+    return whfilter.wheelhouse_pip_source(*args, **kwargs)
+
+
+def test_with_the_mirror_every_other_node_installs_over_http_from_the_mirror_host():
+    got = pip_source("wheelhouse", "mirror", False, "10.0.0.10", 8480, "/var/cache/raymetal/wheelhouse")
+    assert got["kind"] == "mirror"
+    assert got["args"] == ["--no-index", "--find-links", "http://10.0.0.10:8480/", "--trusted-host", "10.0.0.10",
+                           "--no-cache-dir"]
+    assert got["where"] == "http://10.0.0.10:8480/"
+
+
+def test_the_mirror_host_itself_installs_from_its_own_directory():
+    got = pip_source("wheelhouse", "mirror", True, "10.0.0.10", 8480, "/var/cache/raymetal/wheelhouse")
+    assert got == {"kind": "local", "args": ["--no-index", "--find-links", "/var/cache/raymetal/wheelhouse"],
+                   "where": "/var/cache/raymetal/wheelhouse"}
+    # Ansible may hand the flag over as a string.
+    assert pip_source("wheelhouse", "mirror", "True", "10.0.0.10", 8480, "/w")["kind"] == "local"
+    assert pip_source("wheelhouse", "mirror", "False", "10.0.0.10", 8480, "/w")["kind"] == "mirror"
+
+
+def test_copy_and_path_install_from_the_nodes_directory_and_never_from_the_mirror():
+    for source, fanout in (("wheelhouse", "copy"), ("path", "mirror"), ("path", "copy")):
+        got = pip_source(source, fanout, False, "10.0.0.10", 8480, "/srv/wh")
+        assert got["kind"] == "local" and got["args"] == ["--no-index", "--find-links", "/srv/wh"], (source, fanout)
+
+
+def test_an_index_ignores_the_mirror():
+    assert pip_source("index", "mirror", False, "10.0.0.10", 8480, "/w", "https://pypi.example/simple") == {
+        "kind": "index", "args": ["--index-url", "https://pypi.example/simple"], "where": "https://pypi.example/simple"}
+    assert pip_source("index", "mirror", True, "10.0.0.10", 8480, "/w", "")["args"] == []
+
+
+def test_unknown_settings_are_named():
+    with pytest.raises(ValueError, match="ray_install_source='ftp'"):
+        pip_source("ftp")
+    with pytest.raises(ValueError, match="ray_wheelhouse_fanout='torrent'"):
+        pip_source("wheelhouse", "torrent", False, "10.0.0.10", 8480, "/w")

@@ -2,7 +2,7 @@
 
 Run by the node's system Python (standard library only) in one round trip:
 
-    python3 ray_node_probe.py VENV TEMP_DIR STAMP_FILE WHEEL_DIR RESTART_MARKER [LINK]
+    python3 ray_node_probe.py VENV TEMP_DIR STAMP_FILE WHEEL_DIR RESTART_MARKER [LINK [UNITS [ACCOUNT]]]
 
 - shm_bytes: size of /dev/shm (where Ray's object store lives)
 - temp_free_mb: free space on the filesystem that holds (or will hold) TEMP_DIR
@@ -15,14 +15,20 @@ Run by the node's system Python (standard library only) in one round trip:
   to restart Ray (it failed later), or null: the next run owes that restart
 - link: what LINK is (only when LINK is given): the target it points to, "directory" for a
   real directory, "other" for anything else, null when it does not exist
+- units: for each systemd unit named in UNITS (comma-separated), "ENABLED/ACTIVE" as `systemctl is-enabled`
+  and `systemctl is-active` print them ("enabled/active", "not-found/inactive", ...); only when UNITS is given
+- account: for ACCOUNT ("USER:GROUP"), the user's passwd entry (name, uid, group: the name of its primary group,
+  home, shell, comment) and the group's (name, gid), each null when missing; only when ACCOUNT is given
 - isolation: what Ray's cgroup v2 resource isolation needs to know: cgroup2 (whether /sys/fs/cgroup is the
   unified cgroup v2 hierarchy), controllers (those it offers), kernel, cpus (usable by this process) and
   memory_bytes (MemTotal)
 """
 
+import grp
 import json
 import os
 import platform
+import pwd
 import subprocess
 import sys
 
@@ -101,6 +107,47 @@ def describe_link(path):
     return "other" if os.path.lexists(path) else None
 
 
+def account_facts(account):
+    """The passwd entry of USER and the group entry of GROUP ("USER:GROUP"), each None when missing."""
+    user_name, _, group_name = account.partition(":")
+    try:
+        pw = pwd.getpwnam(user_name)
+        try:
+            primary = grp.getgrgid(pw.pw_gid).gr_name
+        except KeyError:
+            primary = str(pw.pw_gid)
+        user = {"name": pw.pw_name, "uid": pw.pw_uid, "group": primary, "home": pw.pw_dir, "shell": pw.pw_shell,
+                "comment": pw.pw_gecos}
+    except KeyError:
+        user = None
+    try:
+        gr = grp.getgrnam(group_name)
+        group = {"name": gr.gr_name, "gid": gr.gr_gid}
+    except KeyError:
+        group = None
+    return {"user": user, "group": group}
+
+
+def unit_states(units):
+    """{unit: "ENABLED/ACTIVE"} from systemctl (two calls for every unit at once); "unknown" where it cannot tell."""
+    names = [u for u in units if u]
+    if not names:
+        return {}
+    answers = {}
+    for verb in ("is-enabled", "is-active"):
+        try:
+            proc = subprocess.run(["systemctl", verb, "--"] + names, capture_output=True, text=True, timeout=60,
+                                  check=False, env=dict(os.environ, LC_ALL="C"))
+            lines = proc.stdout.splitlines()
+        except (OSError, subprocess.TimeoutExpired):
+            lines = []
+        if len(lines) != len(names):
+            lines = ["unknown"] * len(names)
+        answers[verb] = [line.strip() or "unknown" for line in lines]
+    return dict((name, "%s/%s" % (enabled, active))
+                for name, enabled, active in zip(names, answers["is-enabled"], answers["is-active"]))
+
+
 def isolation_facts(cgroup_root="/sys/fs/cgroup", meminfo="/proc/meminfo"):
     """What decides whether Ray can isolate its own processes in cgroups on this node."""
     controllers_file = os.path.join(cgroup_root, "cgroup.controllers")
@@ -134,7 +181,8 @@ def interpreter_facts():
             "glibc": libc_version if libc == "glibc" else ""}
 
 
-def probe(venv, temp_dir, stamp_file, wheel_dir=None, restart_marker=None, link=None, shm="/dev/shm"):
+def probe(venv, temp_dir, stamp_file, wheel_dir=None, restart_marker=None, link=None, units=None, account=None,
+          shm="/dev/shm"):
     """Everything the role reads from the node, as a dict."""
     shm_stat = os.statvfs(shm)
     temp_stat = os.statvfs(existing_parent(temp_dir))
@@ -151,11 +199,15 @@ def probe(venv, temp_dir, stamp_file, wheel_dir=None, restart_marker=None, link=
         result["wheels"] = list_wheels(wheel_dir)
     if link:
         result["link"] = describe_link(link)
+    if units:
+        result["units"] = unit_states(units.split(","))
+    if account:
+        result["account"] = account_facts(account)
     return result
 
 
 def main(argv):
-    if len(argv) not in (4, 5, 6, 7):
+    if len(argv) not in (4, 5, 6, 7, 8, 9):
         sys.stderr.write(__doc__)
         return 2
     print(json.dumps(probe(*argv[1:])))

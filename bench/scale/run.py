@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""What one controller pays per host: a fresh deploy and a no-op rerun on labs of 3, 8 and 16 nodes, in one run.
+
+For each size a private lab is started with lab/lab.sh (LAB_PREFIX=rayscale, subnets 10.231.200.0/24 and
+10.231.210.0/24 by default; not timed), then:
+
+  floor     (smallest size only) the same cluster by hand, no Ansible: bench/deploy/run.py's floor (docker cp
+            of the wheelhouse into every node, one offline pip run per node, ray start under systemd-run)
+  deploy    `ansible-playbook site.yml` on the fresh lab
+  rerun     the same command again: the no-op rerun (changed=0 expected everywhere)
+
+and the lab is removed again. Measured for each run: wall time, the controller's CPU seconds (this script's
+children: ansible-playbook, its workers, ssh, rsync), the nodes' CPU seconds (their cgroups), and the bytes the
+controller sent to the lab (the transmit counters of the lab's two Docker bridges: what this machine's own
+network stack sent into them; node-to-node traffic, the wheelhouse mirror's included, and the lab's apt mirror
+container never pass through them).
+
+Printed: one row per size and run, the per-host figures, the least-squares line of controller CPU seconds
+against hosts (the slope is what each further host costs), and the goals of issue 16 with MET or MISSED:
+  - bytes sent for a fresh deploy of 8 nodes within 10 % of 3 nodes' (the wheelhouse leaves the controller once)
+  - fresh deploy of the smallest lab at most 1.25x the floor (wall)
+  - no-op rerun: at most 1 controller CPU second per host (the slope), and at most 6 s wall on 3 nodes
+
+Usage (from the repository root; the lab image and wheelhouse built, e.g. by `bash lab/lab.sh image wheelhouse`):
+    .venv/bin/python bench/scale/run.py
+    .venv/bin/python bench/scale/run.py --sizes 3 8 --no-floor --prefix rm16s \\
+        --mgmt-subnet 10.231.72.0/24 --fabric-subnet 10.231.73.0/24
+Exits 0 when every phase ran (goals MET or MISSED are printed), 1 on an error, 130 when interrupted.
+"""
+
+import argparse
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_SPEC = importlib.util.spec_from_file_location("deploy_bench", os.path.join(os.path.dirname(HERE), "deploy", "run.py"))
+deploy_bench = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(deploy_bench)
+
+BIN, REPO, BenchError, Lab = deploy_bench.BIN, deploy_bench.REPO, deploy_bench.BenchError, deploy_bench.Lab
+
+GOAL_BYTES_GROWTH = 1.10      # bytes(8 nodes) / bytes(3 nodes)
+GOAL_FLOOR_RATIO = 1.25       # fresh deploy / floor, wall
+GOAL_RERUN_CPU_PER_HOST = 1.0  # controller CPU seconds per host, no-op rerun
+GOAL_RERUN_WALL_3 = 6.0       # seconds, no-op rerun on 3 nodes
+
+
+def log(msg):
+    print("[scale] " + msg, flush=True)
+
+
+def bridge_tx_bytes(prefix):
+    """Bytes this machine's network stack has sent into the lab's two bridges (management and fabric)."""
+    total = 0
+    for net in ("mgmt", "fabric"):
+        proc = subprocess.run(["docker", "network", "inspect", "-f", "{{.Id}}", "%s-%s" % (prefix, net)],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise BenchError("docker network inspect %s-%s failed: %s" % (prefix, net, proc.stderr.strip()))
+        path = "/sys/class/net/br-%s/statistics/tx_bytes" % proc.stdout.strip()[:12]
+        try:
+            with open(path, encoding="ascii") as fh:
+                total += int(fh.read())
+        except OSError as err:
+            raise BenchError("cannot read %s (the lab's bridge): %s" % (path, err)) from err
+    return total
+
+
+def playbook(lab, label, extra_vars, strategy):
+    """ansible-playbook site.yml on the lab; (PLAY RECAP counts per host, bytes sent). Raises on failure."""
+    logfile = os.path.join(lab.work, label.replace(" ", "-") + ".log")
+    env = deploy_bench.ansible_env(lab.work, REPO, strategy)
+    if not label.startswith("deploy"):
+        # profile_tasks (the slowest tasks of the fresh deploy, printed at the end) only where a few tenths of a
+        # second of its own work are lost in the deploy's noise; the reruns run without it.
+        env.pop("ANSIBLE_CALLBACKS_ENABLED", None)
+    if strategy and strategy != "linear":
+        # Mitogen's connection checks host keys itself: the lab's throw-away containers are trusted through
+        # their inventory's ssh options, which Mitogen does not read for that.
+        env["ANSIBLE_HOST_KEY_CHECKING"] = "False"
+    cmd = [os.path.join(BIN, "ansible-playbook"), "site.yml", "-i", lab.inventory_dir]
+    for extra in extra_vars:
+        cmd += ["-e", extra]
+    sent0 = bridge_tx_bytes(lab.prefix)
+    with open(logfile, "w", encoding="utf-8") as fh:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, check=False)
+    sent = bridge_tx_bytes(lab.prefix) - sent0
+    with open(logfile, encoding="utf-8") as fh:
+        text = fh.read()
+    if proc.returncode != 0:
+        raise BenchError("%s: site.yml failed (rc=%d); log %s, tail:\n%s" % (label, proc.returncode, logfile,
+                                                                          text[-4000:]))
+    profile, recap = deploy_bench.parse_output(text)
+    lab.profiles = getattr(lab, "profiles", {})
+    lab.profiles[label] = profile
+    return recap, sent
+
+
+def fit(points):
+    """Least-squares line through (x, y) points: (slope, intercept); None with fewer than 2 distinct x."""
+    xs = [x for x, _ in points]
+    if len(set(xs)) < 2:
+        return None
+    mean_x = sum(xs) / len(xs)
+    mean_y = sum(y for _, y in points) / len(points)
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx
+    return slope, mean_y - slope * mean_x
+
+
+def measure_size(args, nodes, work, with_floor):
+    lab_args = argparse.Namespace(prefix=args.prefix, mgmt_subnet=args.mgmt_subnet,
+                                  fabric_subnet=args.fabric_subnet, workers=nodes - 1)
+    lab_work = os.path.join(work, "lab-%d" % nodes)
+    os.makedirs(lab_work)
+    lab = Lab(lab_args, lab_work)
+    row = {"nodes": nodes}
+    try:
+        if with_floor:
+            log("%d nodes: fresh lab for the floor (not timed)" % nodes)
+            lab.up()
+            steps, m = deploy_bench.measured(lab, "floor", lambda: deploy_bench.floor(lab, "floor"))
+            row["floor"] = m
+            log("%d nodes: floor %.1f s (%s)" % (nodes, m["wall"], ", ".join(
+                "%s %.1f s" % (k, v) for k, v in steps.items() if k != "total")))
+            lab.down()
+        log("%d nodes: fresh lab (not timed)" % nodes)
+        lab.up()
+        phases = [("deploy", args.strategy), ("rerun", args.strategy)]
+        if args.compare_strategy:
+            phases.append(("rerun+", args.compare_strategy))
+        for phase, strategy in phases:
+            try:
+                (recap, sent), m = deploy_bench.measured(lab, "%s, %d nodes" % (phase, nodes),
+                                                         lambda p=phase, st=strategy: playbook(
+                                                             lab, "%s-%d" % (p, nodes), args.extra_vars, st))
+            except BenchError as err:
+                if phase != "rerun+":
+                    raise
+                # The comparison is an extra: its failure is reported, the figures of the run stand.
+                log("%d nodes: the rerun with %s failed, left out: %s" % (nodes, strategy, str(err)[:300]))
+                continue
+            m["sent"] = sent
+            m["changed"] = dict((h, c["changed"]) for h, c in recap.items() if c["changed"])
+            m["profile"] = getattr(lab, "profiles", {}).get("%s-%d" % (phase, nodes), [])
+            row[phase] = m
+            log("%d nodes: %s %.1f s wall, %.1f controller CPU s, %.1f MB sent, changed %s"
+                % (nodes, phase, m["wall"], m["controller_cpu"], sent / 1e6, m["changed"] or "0 everywhere"))
+    finally:
+        lab.down()
+    return row
+
+
+def verdict(ok):
+    return "MET" if ok else "MISSED"
+
+
+def report(args, rows):
+    print()
+    print("Scale benchmark: fresh deploy and no-op rerun of site.yml per lab size, controller with %d CPUs, "
+          "strategy %s" % (os.cpu_count() or 0, args.strategy or "ansible.cfg's (linear)"))
+    if args.extra_vars:
+        print("extra vars: %s" % " ".join(args.extra_vars))
+    print()
+    head = "%5s  %-8s %8s %9s %9s %10s %9s %9s  %s" % (
+        "nodes", "run", "wall s", "ctl CPU", "ctl/host", "MB sent", "MB/host", "node CPU", "load 1m b/a")
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        n = row["nodes"]
+        if "floor" in row:
+            m = row["floor"]
+            print("%5d  %-8s %8.1f %9.1f %9.2f %10s %9s %9s  %.1f/%.1f" % (
+                n, "floor", m["wall"], m["controller_cpu"], m["controller_cpu"] / n, "(docker)", "",
+                deploy_bench.fmt(m["node_cpu"]), m["load_before"], m["load_after"]))
+        for phase in ("deploy", "rerun", "rerun+"):
+            if phase not in row:
+                continue
+            m = row[phase]
+            print("%5d  %-8s %8.1f %9.1f %9.2f %10.1f %9.1f %9s  %.1f/%.1f" % (
+                n, phase, m["wall"], m["controller_cpu"], m["controller_cpu"] / n, m["sent"] / 1e6,
+                m["sent"] / 1e6 / n, deploy_bench.fmt(m["node_cpu"]), m["load_before"], m["load_after"]))
+    print("-" * len(head))
+    print("ctl CPU: CPU seconds of this script's children (ansible-playbook, its workers, ssh, rsync); MB sent: "
+          "what the controller sent into the lab's bridges; node CPU: the containers' cgroups.")
+    if args.compare_strategy:
+        print("rerun+: one more no-op rerun with ANSIBLE_STRATEGY=%s, for comparison only (the goals are judged on "
+              "the rerun above)." % args.compare_strategy)
+    print()
+    lines = {}
+    for phase in ("deploy", "rerun", "rerun+"):
+        if any(phase not in row for row in rows) or len(rows) < 2:
+            continue
+        line = fit([(row["nodes"], row[phase]["controller_cpu"]) for row in rows])
+        lines[phase] = line
+        if line:
+            print("controller CPU of the %-6s = %.2f s + %.3f s per host (least squares over %s nodes)"
+                  % (phase, line[1], line[0], ", ".join(str(r["nodes"]) for r in rows)))
+    print()
+    print("Goals (issue 16):")
+    by_nodes = dict((row["nodes"], row) for row in rows)
+    small = rows[0]
+    if 3 in by_nodes and 8 in by_nodes:
+        growth = by_nodes[8]["deploy"]["sent"] / by_nodes[3]["deploy"]["sent"]
+        print("  bytes sent, fresh deploy, 8 nodes / 3 nodes: %.1f MB / %.1f MB = %.2fx  goal <= %.2fx: %s"
+              % (by_nodes[8]["deploy"]["sent"] / 1e6, by_nodes[3]["deploy"]["sent"] / 1e6, growth,
+                 GOAL_BYTES_GROWTH, verdict(growth <= GOAL_BYTES_GROWTH)))
+    else:
+        print("  bytes sent 8 / 3 nodes: not measured (needs --sizes with 3 and 8)")
+    if "floor" in small:
+        ratio = small["deploy"]["wall"] / small["floor"]["wall"]
+        print("  fresh deploy / floor, %d nodes (wall): %.1f s / %.1f s = %.2fx  goal <= %.2fx: %s"
+              % (small["nodes"], small["deploy"]["wall"], small["floor"]["wall"], ratio, GOAL_FLOOR_RATIO,
+                 verdict(ratio <= GOAL_FLOOR_RATIO)))
+    else:
+        print("  fresh deploy / floor: not measured (--no-floor)")
+    if lines.get("rerun"):
+        slope = lines["rerun"][0]
+        print("  no-op rerun, controller CPU per further host (slope): %.2f s  goal <= %.1f s: %s"
+              % (slope, GOAL_RERUN_CPU_PER_HOST, verdict(slope <= GOAL_RERUN_CPU_PER_HOST)))
+    for row in rows:
+        per_host = row["rerun"]["controller_cpu"] / row["nodes"]
+        print("  no-op rerun, controller CPU / hosts at %2d nodes (fixed cost shared out): %.2f s  goal <= %.1f s: %s"
+              % (row["nodes"], per_host, GOAL_RERUN_CPU_PER_HOST, verdict(per_host <= GOAL_RERUN_CPU_PER_HOST)))
+    if 3 in by_nodes:
+        wall = by_nodes[3]["rerun"]["wall"]
+        print("  no-op rerun wall, 3 nodes: %.1f s  goal <= %.0f s: %s"
+              % (wall, GOAL_RERUN_WALL_3, verdict(wall <= GOAL_RERUN_WALL_3)))
+    changed = dict((row["nodes"], row["rerun"]["changed"]) for row in rows if row["rerun"]["changed"])
+    print("  no-op rerun changed: %s" % (changed or "0 on every host of every size"))
+    for row in rows[:1]:
+        print()
+        print("Slowest tasks of the fresh deploy, %d nodes (profile_tasks: wall time of each task, all hosts):"
+              % row["nodes"])
+        for task, secs in row["deploy"]["profile"][:12]:
+            print("  %7.2f s  %s" % (secs, task))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[3, 8, 16], help="lab sizes in nodes (default 3 8 16)")
+    parser.add_argument("--no-floor", action="store_true", help="leave out the by-hand floor (smallest size)")
+    parser.add_argument("--prefix", default="rayscale", help="LAB_PREFIX of the bench lab (default rayscale)")
+    parser.add_argument("--mgmt-subnet", default="10.231.200.0/24")
+    parser.add_argument("--fabric-subnet", default="10.231.210.0/24")
+    parser.add_argument("--strategy", help="ANSIBLE_STRATEGY for every run (default: ansible.cfg's)")
+    parser.add_argument("--compare-strategy", metavar="S",
+                        help="one more no-op rerun per size with ANSIBLE_STRATEGY=S (e.g. raymetal_linear, Mitogen), "
+                             "printed beside the others")
+    parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the work dir (logs) after a successful run")
+    args = parser.parse_args()
+    if args.prefix == "raymetal":
+        sys.exit("--prefix raymetal is the main lab's; the bench needs a lab of its own")
+    if any(n < 1 or n > 21 for n in args.sizes):
+        sys.exit("--sizes: 1 to 21 nodes (lab/lab.sh starts at most 20 workers)")
+    args.sizes = sorted(set(args.sizes))
+
+    def on_term(signum, _frame):
+        raise KeyboardInterrupt("signal %d" % signum)
+    signal.signal(signal.SIGTERM, on_term)
+
+    work = tempfile.mkdtemp(prefix="raymetal-scale-")
+    log("work dir %s; sizes %s; %s" % (work, " ".join(map(str, args.sizes)), deploy_bench.load()))
+    rows, failed = [], True
+    leftover = Lab(argparse.Namespace(prefix=args.prefix, mgmt_subnet=args.mgmt_subnet,
+                                      fabric_subnet=args.fabric_subnet, workers=0), os.path.join(work, "leftover"))
+    if leftover.leftovers():
+        log("removing a %s lab left from an earlier run" % args.prefix)
+        leftover.down()
+    try:
+        for i, nodes in enumerate(args.sizes):
+            rows.append(measure_size(args, nodes, work, with_floor=(i == 0 and not args.no_floor)))
+        failed = False
+    except BenchError as err:
+        print("ERROR: %s" % err, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        leftover.down()
+        if failed or args.keep_logs:
+            log("logs kept in %s" % work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    report(args, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,387 @@
+#!/usr/bin/env python3
+"""The controller's cost of a no-op site.yml at 100, 300 and 1,000 hosts, measured on the controller alone.
+
+A lab cannot hold 1,000 nodes, so the nodes' side is replayed: the controller does all of its own work for every
+host, and only what would run on a node is answered from a recording of real nodes.
+
+  1. A private 3-node lab (LAB_PREFIX=raysim, subnets 10.231.240.0/24 and 10.231.250.0/24 by default; not timed)
+     is deployed with site.yml.
+  2. Recording: site.yml runs once more (the no-op rerun) with every node's Python wrapped by a recorder that
+     keeps, per node and module, what each module printed and its exit status (modules run as usual).
+  3. For each size N, an inventory of N hosts: a head and N-1 workers, each worker standing for one of the lab's
+     workers (round robin), with the lab's group_vars and the host variables of the node it stands for. Each host
+     uses Ansible's local connection and, as its "Python", a stand-in that reads the module Ansible sends (the
+     payload is built and shipped exactly as for a real node), and answers with the k-th answer that module gave
+     on the node the host stands for. site.yml then runs as the no-op rerun of an N-node cluster: every play,
+     every task, every template and module payload for every host, every run_once over N hosts, N fabric
+     addresses in every firewall table and in Prometheus's targets, forks=50 as ansible.cfg sets it.
+  4. Measured per size: wall time, the controller's CPU seconds (ansible-playbook, its workers, and the stand-ins,
+     whose own CPU is subtracted and shown apart), the largest process's memory (the ansible-playbook
+     controller process), and from those the CPU per host and the marginal CPU per host between sizes: where
+     the growth bends from linear.
+
+What it does not measure: SSH (the real rerun's ssh processes cost the controller about 2 ms per module
+run: see the recording row, which is the same run over real SSH) and the nodes' own time, which is not the
+controller's. The recording row gives the real 3-node rerun for comparison.
+
+Usage (from the repository root; the lab image and wheelhouse built):
+    .venv/bin/python bench/scale/simulate.py
+    .venv/bin/python bench/scale/simulate.py --sizes 100 300 --prefix rm16m \\
+        --mgmt-subnet 10.231.74.0/24 --fabric-subnet 10.231.75.0/24
+Exits 0 when every size ran, 1 on an error, 130 when interrupted.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_SPEC = importlib.util.spec_from_file_location("deploy_bench", os.path.join(os.path.dirname(HERE), "deploy", "run.py"))
+deploy_bench = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(deploy_bench)
+BIN, REPO, BenchError, Lab = deploy_bench.BIN, deploy_bench.REPO, deploy_bench.BenchError, deploy_bench.Lab
+
+RECORDER_PATH = "/usr/local/libexec/raymetal-bench/record-python"
+RECORD_LOG = "/var/tmp/raymetal-bench-record.jsonl"
+
+# Runs on a lab node as its Python for the recording run: runs the module with the node's python3 and keeps
+# {module, rc, stdout, stderr} (one JSON line per module run).
+RECORDER = r'''#!/usr/bin/python3
+import json, re, subprocess, sys
+payload = sys.stdin.buffer.read()
+m = re.search(rb"ansible_module='([^']+)'", payload[-4096:]) or re.search(rb"ansible_module='([^']+)'", payload)
+proc = subprocess.run(["/usr/bin/python3"] + sys.argv[1:], input=payload, capture_output=True)
+with open("%s", "a") as fh:
+    fh.write(json.dumps({"module": m.group(1).decode() if m else "?", "rc": proc.returncode,
+                         "stdout": proc.stdout.decode("utf-8", "surrogateescape"),
+                         "stderr": proc.stderr.decode("utf-8", "surrogateescape")}) + "\n")
+sys.stdout.buffer.write(proc.stdout)
+sys.stderr.buffer.write(proc.stderr)
+sys.exit(proc.returncode)
+''' % RECORD_LOG
+
+# The stand-in "Python" of a simulated host (on the controller): answers each module with the recording of the
+# node the host stands for, in order per module; its own CPU is logged so that it can be subtracted.
+STANDIN = r'''#!%(python)s -SI
+import os, re, resource, sys
+if len(sys.argv) > 1 and os.path.isfile(sys.argv[1]):
+    with open(sys.argv[1], "rb") as fh:  # without pipelining the module comes as a file
+        payload = fh.read()
+else:
+    payload = sys.stdin.buffer.read()
+m = re.search(rb"ansible_module='([^']+)'", payload[-4096:]) or re.search(rb"ansible_module='([^']+)'", payload)
+module = m.group(1).decode() if m else "?"
+alias = os.path.basename(sys.argv[0])
+work = %(work)r
+with open(os.path.join(work, "map", alias)) as fh:
+    real = fh.read().strip()
+counter = os.path.join(work, "state", alias + "." + module)
+try:
+    with open(counter) as fh:
+        k = int(fh.read())
+except OSError:
+    k = 0
+with open(counter, "w") as fh:
+    fh.write(str(k + 1))
+answers = os.path.join(work, "rec", real, module)
+try:
+    with open(os.path.join(answers, "%%d.out" %% k), "rb") as fh:
+        out = fh.read()
+    name = "%%d" %% k
+except OSError:
+    # More runs of this module than the node had: the last answer again (counted in the report).
+    runs = sorted(int(f[:-4]) for f in os.listdir(answers) if f.endswith(".out")) if os.path.isdir(answers) else []
+    with open(os.path.join(work, "beyond.log"), "a") as fh:
+        fh.write("%%s %%s %%d\n" %% (alias, module, k if runs else -1))
+    if runs:
+        name = "%%d" %% runs[-1]
+        with open(os.path.join(answers, name + ".out"), "rb") as fh:
+            out = fh.read()
+    else:
+        # A module the node never ran (a simulated host's file differs where the real node's did not, as
+        # Prometheus's target list of N hosts): "no change", as on the real node.
+        name, out = None, b'{"changed": false, "msg": "simulated: no recorded answer for this module"}'
+if name is None:
+    rc = 0
+else:
+    with open(os.path.join(answers, name + ".rc")) as fh:
+        rc = int(fh.read())
+sys.stdout.buffer.write(out)
+sys.stdout.flush()
+r = resource.getrusage(resource.RUSAGE_SELF)
+with open(os.path.join(work, "standin-cpu.log"), "a") as fh:
+    fh.write("%%.6f\n" %% (r.ru_utime + r.ru_stime))
+sys.exit(rc)
+'''
+
+
+# ansible-playbook, run so that its own CPU (the one process that plans every task for every host: the part
+# no fork count spreads over more cores) is written down apart from its workers'.
+MAIN_WRAPPER = r'''import atexit, os, resource, sys
+def _own_cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    with open(os.environ["RAYMETAL_BENCH_MAIN_CPU"], "w") as fh:
+        fh.write("%.6f" % (r.ru_utime + r.ru_stime))
+atexit.register(_own_cpu)
+sys.argv = ["ansible-playbook"] + sys.argv[1:]
+from ansible.cli.playbook import main
+main()
+'''
+
+
+def log(msg):
+    print("[simulate] " + msg, flush=True)
+
+
+def run_site(inventory, logfile, env, extra=()):
+    """ansible-playbook site.yml; (wall s, controller CPU s of it and its children, max RSS MB of a child)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    rss_file, main_file, wrapper = logfile + ".rss", logfile + ".main-cpu", logfile + ".main.py"
+    with open(wrapper, "w", encoding="utf-8") as fh:
+        fh.write(MAIN_WRAPPER)
+    env = dict(env, RAYMETAL_BENCH_MAIN_CPU=main_file)
+    with open(logfile, "w", encoding="utf-8") as fh:
+        # /usr/bin/time: the largest resident size of ansible-playbook (and the workers it waited for).
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss_file, os.path.join(BIN, "python"), wrapper,
+                               "site.yml", "-i", inventory, *extra],
+                              cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, check=False)
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(rss_file, encoding="ascii") as fh:
+        rss_mb = int(fh.read().strip().splitlines()[-1]) / 1024.0
+    try:
+        with open(main_file, encoding="ascii") as fh:
+            main_cpu = float(fh.read())
+    except (OSError, ValueError):
+        main_cpu = float("nan")
+    with open(logfile, encoding="utf-8") as fh:
+        text = fh.read()
+    if proc.returncode != 0:
+        raise BenchError("site.yml on %s failed (rc=%d); log %s, tail:\n%s" % (inventory, proc.returncode, logfile,
+                                                                             text[-4000:]))
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    _, recap = deploy_bench.parse_output(text)
+    return wall, cpu, rss_mb, recap, main_cpu
+
+
+def ansible_env(work):
+    env = deploy_bench.ansible_env(work)
+    env.pop("ANSIBLE_CALLBACKS_ENABLED", None)
+    # The local connection pipelines too, as ansible.cfg's SSH does: one process per module run, no files.
+    env["ANSIBLE_PIPELINING"] = "True"
+    return env
+
+
+def record(lab, work):
+    """Install the recorder on every node, run the no-op rerun through it, and keep the answers per node/module."""
+    nodes = [lab.head[0]] + [name for name, _ in lab.workers]
+    for name in nodes:
+        proc = subprocess.run(["docker", "exec", "-i", name, "sh", "-ec",
+                               "mkdir -p %s; cat > %s; chmod 0755 %s; rm -f %s"
+                               % (os.path.dirname(RECORDER_PATH), RECORDER_PATH, RECORDER_PATH, RECORD_LOG)],
+                              input=RECORDER, text=True, capture_output=True, check=False)
+        if proc.returncode != 0:
+            raise BenchError("installing the recorder on %s failed: %s" % (name, proc.stderr))
+    rec_inv = os.path.join(work, "inventory-record")
+    shutil.copytree(lab.inventory_dir, rec_inv, symlinks=True)
+    with open(os.path.join(rec_inv, "hosts.yml"), encoding="utf-8") as fh:
+        inv = yaml.safe_load(fh)
+    for group in ("ray_head", "ray_worker"):
+        for hvars in (inv["ray_cluster"]["children"][group].get("hosts") or {}).values():
+            # Inventory host vars win over group_vars/ (which name /usr/bin/python3).
+            hvars["ansible_python_interpreter"] = RECORDER_PATH
+    with open(os.path.join(rec_inv, "hosts.yml"), "w", encoding="utf-8") as fh:
+        yaml.safe_dump(inv, fh)
+    wall, cpu, rss, recap, main_cpu = run_site(rec_inv, os.path.join(work, "record.log"), ansible_env(work))
+    changed = dict((h, c["changed"]) for h, c in recap.items() if c["changed"])
+    if changed:
+        raise BenchError("the recorded rerun changed something (%s): not a no-op, nothing to replay" % changed)
+    counts = {}
+    for name in nodes:
+        proc = subprocess.run(["docker", "exec", name, "cat", RECORD_LOG], capture_output=True, text=True,
+                              check=False)
+        if proc.returncode != 0:
+            raise BenchError("reading the recording on %s failed: %s" % (name, proc.stderr))
+        seen = {}
+        for line in proc.stdout.splitlines():
+            entry = json.loads(line)
+            k = seen.get(entry["module"], 0)
+            seen[entry["module"]] = k + 1
+            where = os.path.join(work, "rec", name, entry["module"])
+            os.makedirs(where, exist_ok=True)
+            with open(os.path.join(where, "%d.out" % k), "w", encoding="utf-8", errors="surrogateescape") as fh:
+                fh.write(entry["stdout"])
+            with open(os.path.join(where, "%d.rc" % k), "w", encoding="ascii") as fh:
+                fh.write(str(entry["rc"]))
+        counts[name] = sum(seen.values())
+        subprocess.run(["docker", "exec", name, "rm", "-rf", os.path.dirname(RECORDER_PATH), RECORD_LOG],
+                       capture_output=True, check=False)
+    return {"wall": wall, "cpu": cpu, "rss": rss, "main": main_cpu, "modules": counts}
+
+
+def simulate(lab, work, hosts):
+    """site.yml on `hosts` simulated hosts; the measurements."""
+    sim = os.path.join(work, "sim-%d" % hosts)
+    for sub in ("bin", "map", "state"):
+        os.makedirs(os.path.join(sim, sub))
+    # The recorded answers and the stand-in's logs live in the size's own directory.
+    os.symlink(os.path.join(work, "rec"), os.path.join(sim, "rec"))
+    standin = os.path.join(sim, "standin.py")
+    with open(standin, "w", encoding="utf-8") as fh:
+        fh.write(STANDIN % {"python": sys.executable, "work": sim})
+    os.chmod(standin, 0o755)
+    with open(lab.env["LAB_INVENTORY"], encoding="utf-8") as fh:
+        real = yaml.safe_load(fh)["ray_cluster"]
+    real_head = real["children"]["ray_head"]["hosts"]
+    real_workers = real["children"]["ray_worker"]["hosts"]
+    worker_names = sorted(real_workers)
+
+    def host_entry(alias, real_name, hvars):
+        os.symlink(standin, os.path.join(sim, "bin", alias))
+        with open(os.path.join(sim, "map", alias), "w", encoding="ascii") as fh:
+            fh.write(real_name)
+        entry = dict(hvars)
+        entry.update(ansible_connection="local", ansible_become=False,
+                     ansible_python_interpreter=os.path.join(sim, "bin", alias))
+        return entry
+
+    (head_name, head_vars), = real_head.items()
+    heads = {"sim-head": host_entry("sim-head", head_name, head_vars)}
+    workers = {}
+    for i in range(1, hosts):
+        real_name = worker_names[(i - 1) % len(worker_names)]
+        alias = "sim-w%04d" % i
+        workers[alias] = host_entry(alias, real_name, real_workers[real_name])
+    inv_dir = os.path.join(sim, "inventory")
+    os.makedirs(inv_dir)
+    os.symlink(os.path.realpath(os.path.join(lab.inventory_dir, "group_vars")), os.path.join(inv_dir, "group_vars"))
+    # The lab's token: the nodes hold it, so the token file is unchanged as in the real rerun.
+    shutil.copytree(os.path.join(lab.inventory_dir, "credentials"), os.path.join(inv_dir, "credentials"))
+    inventory = {"ray_cluster": {"vars": real.get("vars") or {},
+                                 "children": {"ray_head": {"hosts": heads}, "ray_worker": {"hosts": workers}}}}
+    with open(os.path.join(inv_dir, "hosts.yml"), "w", encoding="utf-8") as fh:
+        yaml.safe_dump(inventory, fh)
+    wall, cpu, rss, recap, main_cpu = run_site(inv_dir, os.path.join(sim, "site.log"), ansible_env(sim))
+    standin_cpu = 0.0
+    runs = 0
+    with open(os.path.join(sim, "standin-cpu.log"), encoding="ascii") as fh:
+        for line in fh:
+            standin_cpu += float(line)
+            runs += 1
+    beyond = 0
+    if os.path.exists(os.path.join(sim, "beyond.log")):
+        with open(os.path.join(sim, "beyond.log"), encoding="ascii") as fh:
+            beyond = sum(1 for _ in fh)
+    if len(recap) < hosts:
+        raise BenchError("%d hosts simulated, but the recap names %d" % (hosts, len(recap)))
+    return {"hosts": hosts, "wall": wall, "cpu": cpu, "standin_cpu": standin_cpu, "net": cpu - standin_cpu,
+            "module_runs": runs, "beyond": beyond, "rss": rss, "main": main_cpu,
+            "tasks": sum(c["ok"] for h, c in recap.items() if h != "localhost")}
+
+
+def report(recording, rows):
+    print()
+    print("Controller-only simulation: a no-op site.yml with N simulated hosts (nodes' answers replayed from a "
+          "3-node lab), %d CPUs, forks from ansible.cfg" % (os.cpu_count() or 0))
+    print()
+    head = "%6s %8s %10s %10s %10s %9s %13s %9s %10s %8s" % (
+        "hosts", "wall s", "ctl CPU", "stand-in", "net CPU", "net/host", "marginal/host", "main CPU", "tasks/host",
+        "RSS MB")
+    print(head)
+    print("-" * len(head))
+    print("%6s %8.1f %10.1f %10s %10.1f %9.2f %13s %9.1f %10s %8.0f  (the recording: real SSH, 3 real nodes)" % (
+        "3", recording["wall"], recording["cpu"], "-", recording["cpu"], recording["cpu"] / 3, "",
+        recording["main"], "", recording["rss"]))
+    prev = None
+    for row in rows:
+        marginal = "" if prev is None else "%.2f" % ((row["net"] - prev["net"]) / (row["hosts"] - prev["hosts"]))
+        print("%6d %8.1f %10.1f %10.1f %10.1f %9.2f %13s %9.1f %10.1f %8.0f" % (
+            row["hosts"], row["wall"], row["cpu"], row["standin_cpu"], row["net"], row["net"] / row["hosts"],
+            marginal, row["main"], row["tasks"] / row["hosts"], row["rss"]))
+        prev = row
+    print("-" * len(head))
+    print("ctl CPU: ansible-playbook and all its children; stand-in: the replaying stand-ins' own CPU (%s module "
+          "runs), subtracted for net CPU; marginal/host: net CPU added per host from the size above; main CPU: "
+          "ansible-playbook's own process (one core at most: its share bounds the wall time whatever the forks); "
+          "RSS: the largest process (the controller's ansible-playbook)." % ", ".join(str(r["module_runs"]) for r in rows))
+    if any(r["beyond"] for r in rows):
+        print("note: %s module runs went beyond what the recorded node ran and were answered with its last answer"
+              % ", ".join("%d at %d hosts" % (r["beyond"], r["hosts"]) for r in rows))
+    if len(rows) >= 2:
+        first, last = rows[0], rows[-1]
+        growth = (last["net"] / first["net"]) / (last["hosts"] / first["hosts"])
+        print("growth from %d to %d hosts: %.2fx the CPU for %.1fx the hosts (1.00 = linear; above 1 it bends upward)"
+              % (first["hosts"], last["hosts"], last["net"] / first["net"], last["hosts"] / first["hosts"]))
+        print("  per-host CPU at %d hosts / at %d hosts: %.2f" % (last["hosts"], first["hosts"], growth))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000])
+    parser.add_argument("--prefix", default="raysim", help="LAB_PREFIX of the lab whose nodes are recorded")
+    parser.add_argument("--mgmt-subnet", default="10.231.240.0/24")
+    parser.add_argument("--fabric-subnet", default="10.231.250.0/24")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the work dir after a successful run")
+    args = parser.parse_args()
+    if args.prefix == "raymetal":
+        sys.exit("--prefix raymetal is the main lab's; the simulation needs a lab of its own")
+    args.sizes = sorted(set(args.sizes))
+    if args.sizes[0] < 2:
+        sys.exit("--sizes: at least 2 hosts (a head and a worker)")
+
+    def on_term(signum, _frame):
+        raise KeyboardInterrupt("signal %d" % signum)
+    signal.signal(signal.SIGTERM, on_term)
+
+    work = tempfile.mkdtemp(prefix="raymetal-simulate-")
+    lab = Lab(argparse.Namespace(prefix=args.prefix, mgmt_subnet=args.mgmt_subnet, fabric_subnet=args.fabric_subnet,
+                                 workers=2), work)
+    log("work dir %s; sizes %s; %s" % (work, " ".join(map(str, args.sizes)), deploy_bench.load()))
+    failed, rows = True, []
+    try:
+        if lab.leftovers():
+            lab.down()
+        log("3-node lab up and deployed (not timed)")
+        lab.up()
+        run_site(lab.inventory_dir, os.path.join(work, "deploy.log"), ansible_env(work))
+        log("recording the no-op rerun on the real nodes")
+        recording = record(lab, work)
+        log("recorded: %.1f s, %.1f controller CPU s; module runs per node %s"
+            % (recording["wall"], recording["cpu"], recording["modules"]))
+        for hosts in args.sizes:
+            log("%d simulated hosts: %s" % (hosts, deploy_bench.load()))
+            row = simulate(lab, work, hosts)
+            rows.append(row)
+            log("%d hosts: %.1f s wall, %.1f controller CPU s (%.1f of it the stand-ins), %.0f MB"
+                % (hosts, row["wall"], row["cpu"], row["standin_cpu"], row["rss"]))
+        failed = False
+    except BenchError as err:
+        print("ERROR: %s" % err, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        lab.down()
+        if failed or args.keep_logs:
+            log("logs kept in %s" % work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    report(recording, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
