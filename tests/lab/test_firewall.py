@@ -71,6 +71,38 @@ def test_ssh_still_reaches_every_node(cluster, lab):
             assert conn.recv(64).startswith(b"SSH-2.0"), name
 
 
+def test_members_only_closes_a_user_jobs_port_to_outsiders_on_the_fabric(cluster, lab, outsider):
+    """firewall_fabric_members_only: a port that no Ray setting names (a Serve app, a rendezvous) is
+    open to outsiders on the fabric by default and closed to them with the option; members still reach
+    it, SSH stays open, and Ray is not restarted by the change."""
+    name, port = labkit.WORKER2, 23456  # outside every Ray port and the worker port range
+    ip = lab[name]["lab_fabric_ip"]
+    labkit.sh(name, f"systemd-run --unit raymetal-test-listener python3 -m http.server {port} --bind {ip}")
+    try:
+        labkit.wait_until(lambda: labkit.probe_from(labkit.WORKER1, ip, port) == "open", 30, what="the listener")
+        assert labkit.probe_from(outsider, ip, port) == "open"
+        before = labkit.invocation_ids(lab)
+        rc, out, stats = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e",
+                                             '{"firewall_fabric_members_only": true}')
+        assert rc == 0, out[-3000:]
+        assert labkit.probe_from(outsider, ip, port) == "timeout"
+        assert labkit.probe_from(labkit.WORKER1, ip, port) == "open"
+        assert labkit.probe_from(HEAD, ip, port) == "open"
+        assert labkit.probe_from(outsider, ip, 22) == "open"
+        assert labkit.invocation_ids(lab) == before
+    finally:
+        rc, out, stats = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+        labkit.sh(name, "systemctl stop raymetal-test-listener", check=False)
+    assert rc == 0, out[-3000:]
+    # Back to the default: outsiders reach unlisted ports again, Ray's stay closed to them.
+    labkit.sh(name, f"systemd-run --unit raymetal-test-listener python3 -m http.server {port} --bind {ip}")
+    try:
+        labkit.wait_until(lambda: labkit.probe_from(outsider, ip, port) == "open", 30, what="the default table")
+        assert labkit.probe_from(outsider, ip, 6380) == "timeout"
+    finally:
+        labkit.sh(name, "systemctl stop raymetal-test-listener", check=False)
+
+
 def test_without_the_firewall_the_same_probe_gets_through(cluster, lab):
     """The blocked probes above would pass without the firewall: prove it on one node."""
     name = labkit.WORKER2
