@@ -444,8 +444,8 @@ def main():
         log("removing a %s lab left from an earlier run" % args.prefix)
         lab.down()
     floors, results, lab_up = [], {}, []
-    failed = True
-    try:
+
+    def phases():
         order = ["floor 1", "deploy"] + (["baseline"] if baseline_root else []) + (
             [] if args.single_floor else ["floor 2"])
         for phase in order:
@@ -470,7 +470,27 @@ def main():
                     results[label] = (profile, recap, m)
                     log("%s: %.1f s; %s" % (label, m["wall"], recap))
             lab.down()
+
+    def tear_down():
+        log("tearing the %s lab down" % args.prefix)
+        lab.down()
+
+    rc = guarded(phases, tear_down, work, args.keep_logs)
+    if rc is not None:
+        return rc
+    report(args, floors, results, lab_up)
+    return 0
+
+
+def guarded(body, cleanup, work, keep_logs=False):
+    """Run a bench's body(): on a BenchError or an interrupt say why and return 1 or 130 (None when it ran to the
+    end). cleanup() runs in any case (the lab comes down); the work dir's logs are kept after a failure or with
+    keep_logs, and removed otherwise. bench/scale's scripts use it too."""
+    failed = True
+    try:
+        body()
         failed = False
+        return None
     except BenchError as err:
         print("ERROR: %s" % err, file=sys.stderr)
         return 1
@@ -478,15 +498,11 @@ def main():
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        log("tearing the %s lab down" % args.prefix)
-        lab.down()
-        if failed or args.keep_logs:
+        cleanup()
+        if failed or keep_logs:
             log("logs kept in %s" % work)
         else:
             shutil.rmtree(work, ignore_errors=True)
-
-    report(args, floors, results, lab_up)
-    return 0
 
 
 def fmt(value, spec="%.1f"):

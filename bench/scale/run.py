@@ -31,12 +31,10 @@ Exits 0 when every phase ran (goals MET or MISSED are printed), 1 on an error, 1
 import argparse
 import importlib.util
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _SPEC = importlib.util.spec_from_file_location("deploy_bench", os.path.join(os.path.dirname(HERE), "deploy", "run.py"))
@@ -268,28 +266,20 @@ def main():
 
     work = tempfile.mkdtemp(prefix="raymetal-scale-")
     log("work dir %s; sizes %s; %s" % (work, " ".join(map(str, args.sizes)), deploy_bench.load()))
-    rows, failed = [], True
+    rows = []
     leftover = Lab(argparse.Namespace(prefix=args.prefix, mgmt_subnet=args.mgmt_subnet,
                                       fabric_subnet=args.fabric_subnet, workers=0), os.path.join(work, "leftover"))
     if leftover.leftovers():
         log("removing a %s lab left from an earlier run" % args.prefix)
         leftover.down()
-    try:
+
+    def sizes():
         for i, nodes in enumerate(args.sizes):
             rows.append(measure_size(args, nodes, work, with_floor=(i == 0 and not args.no_floor)))
-        failed = False
-    except BenchError as err:
-        print("ERROR: %s" % err, file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    finally:
-        leftover.down()
-        if failed or args.keep_logs:
-            log("logs kept in %s" % work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+
+    rc = deploy_bench.guarded(sizes, leftover.down, work, args.keep_logs)
+    if rc is not None:
+        return rc
     report(args, rows)
     return 0
 

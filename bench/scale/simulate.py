@@ -35,7 +35,6 @@ import argparse
 import importlib.util
 import json
 import os
-import re
 import resource
 import shutil
 import signal
@@ -349,15 +348,16 @@ def main():
     lab = Lab(argparse.Namespace(prefix=args.prefix, mgmt_subnet=args.mgmt_subnet, fabric_subnet=args.fabric_subnet,
                                  workers=2), work)
     log("work dir %s; sizes %s; %s" % (work, " ".join(map(str, args.sizes)), deploy_bench.load()))
-    failed, rows = True, []
-    try:
+    rows, recorded = [], {}
+
+    def sizes():
         if lab.leftovers():
             lab.down()
         log("3-node lab up and deployed (not timed)")
         lab.up()
         run_site(lab.inventory_dir, os.path.join(work, "deploy.log"), ansible_env(work))
         log("recording the no-op rerun on the real nodes")
-        recording = record(lab, work)
+        recording = recorded["run"] = record(lab, work)
         log("recorded: %.1f s, %.1f controller CPU s; module runs per node %s"
             % (recording["wall"], recording["cpu"], recording["modules"]))
         for hosts in args.sizes:
@@ -366,19 +366,11 @@ def main():
             rows.append(row)
             log("%d hosts: %.1f s wall, %.1f controller CPU s (%.1f of it the stand-ins), %.0f MB"
                 % (hosts, row["wall"], row["cpu"], row["standin_cpu"], row["rss"]))
-        failed = False
-    except BenchError as err:
-        print("ERROR: %s" % err, file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    finally:
-        lab.down()
-        if failed or args.keep_logs:
-            log("logs kept in %s" % work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+
+    rc = deploy_bench.guarded(sizes, lab.down, work, args.keep_logs)
+    if rc is not None:
+        return rc
+    recording = recorded["run"]
     report(recording, rows)
     return 0
 

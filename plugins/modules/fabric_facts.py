@@ -194,7 +194,6 @@ ansible_facts:
 
 import json
 import os
-import re
 
 from ansible.module_utils.basic import AnsibleModule
 
