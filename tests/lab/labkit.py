@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -11,7 +12,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import ansible_runner
 import yaml
@@ -215,3 +216,22 @@ def wait_until(predicate, timeout: float, interval: float = 2.0, what: str = "co
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
+
+@contextlib.contextmanager
+def outsider_on_fabric(lab: dict[str, dict], name: str, host_octet: int) -> Iterator[str]:
+    """A container of the lab's image on the lab's fabric network, not in the inventory: a stranger on
+    the fabric for the firewall's probes. Yields its name (LAB_PREFIX-name); removed afterwards."""
+    image = subprocess.run(["bash", str(ROOT / "lab" / "lab.sh"), "image-name"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    fabric_ip = lab[HEAD]["lab_fabric_ip"].rsplit(".", 1)[0] + f".{host_octet}"
+    container = f"{LAB_PREFIX}-{name}"
+    subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)
+    subprocess.run(
+        ["docker", "run", "-d", "--name", container, "--label", f"io.raymetal.lab={LAB_PREFIX}",
+         "--network", f"{LAB_PREFIX}-fabric", "--ip", fabric_ip, "--entrypoint", "sleep", image, "infinity"],
+        capture_output=True, text=True, check=True,
+    )
+    try:
+        yield container
+    finally:
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)

@@ -8,7 +8,6 @@ network and away from hosts that are not in the inventory.
 from __future__ import annotations
 
 import socket
-import subprocess
 
 import pytest
 
@@ -18,23 +17,13 @@ from tests.lab import labkit
 E2E_LAB = 2
 
 HEAD = labkit.HEAD
-OUTSIDER = f"{labkit.LAB_PREFIX}-outsider"
 
 
 @pytest.fixture(scope="module")
 def outsider(lab):
     """A container on the fabric network that is not in the inventory."""
-    image = subprocess.run(["bash", str(labkit.ROOT / "lab" / "lab.sh"), "image-name"],
-                           capture_output=True, text=True, check=True).stdout.strip()
-    fabric_ip = lab[HEAD]["lab_fabric_ip"].rsplit(".", 1)[0] + ".200"
-    subprocess.run(["docker", "rm", "-f", OUTSIDER], capture_output=True, check=False)
-    subprocess.run(
-        ["docker", "run", "-d", "--name", OUTSIDER, "--label", f"io.raymetal.lab={labkit.LAB_PREFIX}",
-         "--network", f"{labkit.LAB_PREFIX}-fabric", "--ip", fabric_ip, "--entrypoint", "sleep", image, "infinity"],
-        capture_output=True, text=True, check=True,
-    )
-    yield OUTSIDER
-    subprocess.run(["docker", "rm", "-f", OUTSIDER], capture_output=True, check=False)
+    with labkit.outsider_on_fabric(lab, "outsider", 200) as container:
+        yield container
 
 
 def test_cluster_nodes_reach_the_head_over_the_fabric(cluster, lab):

@@ -12,7 +12,6 @@ lab, such as test_upgrade.py's) left.
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 
@@ -23,7 +22,6 @@ E2E_LAB = 2
 HEAD = labkit.HEAD
 MIRROR_PORT = 8480
 WHEELHOUSE = "/var/cache/raymetal/wheelhouse"
-OUTSIDER = f"{labkit.LAB_PREFIX}-mirror-outsider"
 # The mirror's access log (syslog tag raymetal_wheelhouse): 'ADDRESS CONNECTION "GET /FILE HTTP/1.1" STATUS BYTES'.
 ACCESS = re.compile(r'^(?P<ip>\d+\.\d+\.\d+\.\d+) (?P<conn>\d+) "GET /(?P<file>\S*) HTTP/[\d.]+" '
                     r'(?P<status>\d+) (?P<bytes>\d+)')
@@ -95,17 +93,8 @@ def test_the_mirror_runs_as_its_own_unit_and_the_distributions_nginx_stays_stopp
 @pytest.fixture()
 def outsider(lab):
     """A container on the fabric network that is not in the inventory."""
-    image = subprocess.run(["bash", str(labkit.ROOT / "lab" / "lab.sh"), "image-name"],
-                           capture_output=True, text=True, check=True).stdout.strip()
-    fabric_ip = lab[HEAD]["lab_fabric_ip"].rsplit(".", 1)[0] + ".201"
-    subprocess.run(["docker", "rm", "-f", OUTSIDER], capture_output=True, check=False)
-    subprocess.run(
-        ["docker", "run", "-d", "--name", OUTSIDER, "--label", f"io.raymetal.lab={labkit.LAB_PREFIX}",
-         "--network", f"{labkit.LAB_PREFIX}-fabric", "--ip", fabric_ip, "--entrypoint", "sleep", image, "infinity"],
-        capture_output=True, text=True, check=True,
-    )
-    yield OUTSIDER
-    subprocess.run(["docker", "rm", "-f", OUTSIDER], capture_output=True, check=False)
+    with labkit.outsider_on_fabric(lab, "mirror-outsider", 201) as container:
+        yield container
 
 
 def test_the_mirror_port_answers_cluster_members_only(cluster, lab, outsider):
