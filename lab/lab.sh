@@ -290,24 +290,32 @@ cmd_image() {
   while read -r release; do build_image "$release" "$(image_for_release "$release")"; done < <(lab_releases)
 }
 
-cmd_wheelhouse() {
-  local wh=$LAB_CACHE/wheelhouse release python
-  # One wheelhouse, wheels for each release's Python side by side: each node
-  # gets and installs the ones its Python accepts (the ray role picks them).
+# ray[default]==VERSION with its dependencies for each release's Python into
+# DIR, side by side, once per Python (a stamp file marks each as complete).
+# ray_for_releases DIR VERSION [WHY]
+ray_for_releases() {
+  local dir=$1 version=$2 why=${3:-} release python
   while read -r release; do
     check_release "$release"
     python=${RELEASE_PYTHON[$release]}
-    if [[ -f $wh/.complete-ray-$RAY_VERSION-py$python ]]; then
-      log "wheelhouse for ray $RAY_VERSION on Python $python ($release) is cached in $wh"
+    if [[ -f $dir/.complete-ray-$version-py$python ]]; then
+      log "wheelhouse for ray $version on Python $python ($release) is cached in $dir"
       continue
     fi
-    log "downloading ray[default]==$RAY_VERSION and its dependencies for Python $python ($release) into $wh"
+    log "downloading ray[default]==$version and its dependencies for Python $python ($release) into $dir$why"
     # The same builder as playbooks/wheelhouse.yml.
-    PYTHONPATH=$ROOT "$(dirname "$PIP")/python" -m raymetal.wheelhouse --dest "$wh" --python-version "$python" \
-      --node-glibc "${RELEASE_GLIBC[$release]}" "ray[default]==$RAY_VERSION" >/dev/null \
-      || die "downloading ray[default]==$RAY_VERSION for Python $python into $wh failed (see the message above)"
-    touch "$wh/.complete-ray-$RAY_VERSION-py$python"
+    PYTHONPATH=$ROOT "$(dirname "$PIP")/python" -m raymetal.wheelhouse --dest "$dir" --python-version "$python" \
+      --node-glibc "${RELEASE_GLIBC[$release]}" "ray[default]==$version" >/dev/null \
+      || die "downloading ray[default]==$version for Python $python into $dir failed (see the message above)"
+    touch "$dir/.complete-ray-$version-py$python"
   done < <(lab_releases)
+}
+
+cmd_wheelhouse() {
+  local wh=$LAB_CACHE/wheelhouse
+  # One wheelhouse, wheels for each release's Python side by side: each node
+  # gets and installs the ones its Python accepts (the ray role picks them).
+  ray_for_releases "$wh" "$RAY_VERSION"
   # The NCCL wheel goes into the same wheelhouse: the ray role installs it with Ray, in one pip run.
   local mark=$wh/.complete-${NCCL_WHEEL//[^A-Za-z0-9.-]/_}
   if [[ -f $mark ]]; then
@@ -324,23 +332,12 @@ cmd_wheelhouse() {
 # release's Python, for the upgrade test: the lab's files as hard links (no
 # extra space) and what that version alone needs. Cached per Python.
 old_wheelhouse() {
-  local wh=$1 old=$2 release python file
+  local wh=$1 old=$2 file
   mkdir -p "$old"
   for file in "$wh"/*; do
     [[ -e $old/${file##*/} ]] || ln "$file" "$old/"
   done
-  while read -r release; do
-    python=${RELEASE_PYTHON[$release]}
-    if [[ -f $old/.complete-ray-$LAB_OLD_RAY_VERSION-py$python ]]; then
-      log "wheelhouse for ray $LAB_OLD_RAY_VERSION on Python $python ($release) is cached in $old"
-      continue
-    fi
-    log "adding ray[default]==$LAB_OLD_RAY_VERSION for Python $python ($release) to $old (the upgrade test's)"
-    PYTHONPATH=$ROOT "$(dirname "$PIP")/python" -m raymetal.wheelhouse --dest "$old" --python-version "$python" \
-      --node-glibc "${RELEASE_GLIBC[$release]}" "ray[default]==$LAB_OLD_RAY_VERSION" >/dev/null \
-      || die "downloading ray[default]==$LAB_OLD_RAY_VERSION for Python $python into $old failed (see the message above)"
-    touch "$old/.complete-ray-$LAB_OLD_RAY_VERSION-py$python"
-  done < <(lab_releases)
+  ray_for_releases "$old" "$LAB_OLD_RAY_VERSION" " (the upgrade test's)"
 }
 
 ensure_network() {
