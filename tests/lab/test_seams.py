@@ -191,15 +191,17 @@ def test_an_interrupted_token_rotation_is_finished_by_the_next_run(cluster, lab)
     for name in lab:
         assert labkit.sh(name, "test -e /etc/ray/.restart-pending", check=False).returncode == 1
 
-    # 2. A failure after the new token reached every node (the firewall play fails on one worker) ...
+    # 2. A failure after the new token reached every node: the nccl role, which runs after the ray role has
+    # written every node's files in the same play, cannot write /etc/nccl.conf on one worker ...
     before = labkit.invocation_ids(lab)
     broken = f"{P}-worker2"
-    labkit.sh(broken, "mv /etc/raymetal /etc/raymetal.saved && touch /etc/raymetal")
+    labkit.sh(broken, "mv /etc/nccl.conf /etc/nccl.conf.saved && mkdir /etc/nccl.conf")
     try:
         rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
     finally:
-        labkit.sh(broken, "rm -f /etc/raymetal && mv /etc/raymetal.saved /etc/raymetal")
+        labkit.sh(broken, "rmdir /etc/nccl.conf && mv /etc/nccl.conf.saved /etc/nccl.conf")
     assert rc != 0, out[-3000:]
+    assert "/etc/nccl.conf is a directory" in " ".join(out.split()), out[-3000:]
     new_token = controller_token.read_text().strip()
     assert new_token != old_token
     assert {token_sha(n) for n in lab} == {hashlib.sha256((new_token + "\n").encode()).hexdigest()}
