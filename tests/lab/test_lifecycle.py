@@ -40,7 +40,13 @@ OS_NOISE = (
     "/var/lib/apt/lists/auxfiles",
     "/var/lib/apt/lists/lock",
     "/var/lib/apt/lists/partial",
+    # What the distribution's nginx makes at its first start (the package's
+    # postinst starts it; the wheelhouse mirror then stops it and runs its own unit).
+    "/var/lib/nginx/",
 )
+# A directory of the FHS that the ray role's scripts live under and teardown
+# leaves (Debian 13's image has it already; on Debian 12 the role makes it).
+FHS_DIRS = {"/usr/local/libexec"}
 MISSING_VERSION = "2.99.0"
 
 
@@ -66,7 +72,7 @@ def listing(name):
 
 
 def noise(path):
-    return path.startswith(OS_NOISE)
+    return path.startswith(OS_NOISE) or path in FHS_DIRS
 
 
 def package_owned(name, paths):

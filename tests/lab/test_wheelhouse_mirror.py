@@ -67,11 +67,16 @@ def test_only_the_mirror_host_received_the_wheelhouse_and_every_other_node_insta
         assert present == "absent", f"{name} holds {WHEELHOUSE}: the controller shipped the wheelhouse to it"
         # ... its pip took Ray and NCCL, whole, from the head's mirror.
         mine = got.get(lab[name]["lab_fabric_ip"], {})
-        size = int(labkit.sh(HEAD, f"stat -c %s {WHEELHOUSE}/{ray_wheel[0]}").stdout)
-        assert mine.get(ray_wheel[0]) == size, (name, sorted(mine))
+        # The mirror holds Ray for each Python of the site (Debian 12's and 13's): this node's pip chose its own.
+        tag = labkit.sh(name, "python3 -c 'import sys; print(\"cp%d%d\" % sys.version_info[:2])'").stdout.strip()
+        wheel = [w for w in ray_wheel if f"-{tag}-{tag}-" in w]
+        assert len(wheel) == 1, (name, tag, sorted(ray_wheel))
+        size = int(labkit.sh(HEAD, f"stat -c %s {WHEELHOUSE}/{wheel[0]}").stdout)
+        assert mine.get(wheel[0]) == size, (name, sorted(mine))
+        assert not [w for w in ray_wheel if w != wheel[0] and w in mine], (name, sorted(mine))
         assert nccl_wheel[0] in mine, (name, sorted(mine))
         # Ray and NCCL came in one pip run (over one connection), not two.
-        runs = [run for run in pip_runs(lab[name]["lab_fabric_ip"]) if ray_wheel[0] in run]
+        runs = [run for run in pip_runs(lab[name]["lab_fabric_ip"]) if wheel[0] in run]
         assert runs and all(nccl_wheel[0] in run for run in runs), (name, runs)
         # What it installed is what the head holds: Ray and NCCL in the venv, one install record.
         versions = labkit.sh(name, "/opt/ray/venv/bin/python -c \"import importlib.metadata as m; "
