@@ -39,6 +39,13 @@ def test_a_gcs_killed_with_sigkill_brings_the_whole_cluster_back(cluster, lab):
     """kill -9 of the GCS: the head's unit restarts at once (no stop timeout), the workers rejoin the new GCS."""
     before = labkit.alive_nodes(lab)
     assert len(before) == len(lab), before
+    workers = [name for name in lab if name != HEAD]
+    # A GCS restarted without the cluster's state is found out by each raylet's liveness check ("wrong cluster"),
+    # which Ray runs every 60 s by default: the workers could stay out that long (bench/operations measured 66 s
+    # to every node alive). The running raylets check every ray_liveness_check_interval (5 s).
+    for name in workers:
+        env = labkit.sh(name, "tr '\\0' '\\n' < /proc/$(pgrep -x raylet)/environ").stdout.split()
+        assert "RAY_raylet_liveness_self_check_interval_ms=5000" in env, (name, env)
     since = labkit.sh(HEAD, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
     start = time.monotonic()
     labkit.sh(HEAD, "kill -9 $(pgrep -x gcs_server)")
@@ -59,6 +66,11 @@ def test_a_gcs_killed_with_sigkill_brings_the_whole_cluster_back(cluster, lab):
     # ignore SIGTERM held the unit for TimeoutStopSec, 60 s, before systemd could restart it).
     assert "Remaining processes will be killed" in journal, journal[-3000:]
     assert "timed out" not in journal and "Failed with result" not in journal, journal[-3000:]
+    # Each worker left the old cluster because that check found the new GCS (not a timeout, not a crash).
+    for name in workers:
+        events = labkit.sh(name, f"find /var/lib/ray/tmp -path '*/events/event_RAYLET.log' -newermt '{since}'"
+                                 " -exec cat {} +", check=False).stdout
+        assert "GCS returned an authentication error" in events, (name, events[-2000:])
 
 
 def test_a_worker_frozen_mid_run_is_named_within_a_bounded_wait_and_the_others_are_untouched(cluster, lab):
