@@ -1,0 +1,1 @@
+../plugins/modules/applied_state.py

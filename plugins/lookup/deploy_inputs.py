@@ -1,0 +1,138 @@
+# -*- coding: utf-8 -*-
+# Copyright: raymetal contributors
+# SPDX-License-Identifier: Apache-2.0
+"""The digest of everything a deploy's outcome depends on that lives on the controller."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: deploy_inputs
+short_description: Digest of a deploy's inputs on the controller (code, inventory, settings)
+version_added: "0.9.0"
+description:
+  - The controller-side half of the deploy's fast path (C(playbooks/fast_path.yml)); the
+    C(applied_state) module keeps it on every node with what the deploy applied there.
+  - "Returns a SHA-256 digest (hex), of one of two halves (O(part)): the ansible-core version; every file of raymetal's
+    C(roles), C(playbooks) and C(plugins) directories; every file of each inventory source (a directory
+    recursively, without C(acceptance) reports), the generated credentials included; the extra variables
+    given on the command line (a C(@file) by its content); and, for each host given, its group
+    membership and its variables before any templating (inventory, C(host_vars), C(group_vars), extra
+    variables; a dynamic inventory's too), without Ansible's own run-specific variables."
+  - Any change to any of those makes the digest differ, and the fast path then runs the full deploy.
+options:
+  _terms:
+    description: The inventory hosts whose variables count (the cluster's); only with O(part=vars).
+    type: list
+    elements: str
+  part:
+    description:
+      - C(files) digests the ansible-core version, raymetal's code, the inventory sources' files and the
+        extra variables; C(vars) the given hosts' variables and groups. A deploy takes both at its start,
+        and the C(files) half again at its end (the first deploy generates credentials in the inventory).
+    type: str
+    choices: [files, vars]
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: This run's inputs
+  ansible.builtin.set_fact:
+    digest: >-
+      {{ lookup('raymetal.cluster.deploy_inputs', part='files') }}-{{
+         lookup('raymetal.cluster.deploy_inputs', groups['ray_cluster'], part='vars') }}
+"""
+
+RETURN = r"""
+_raw:
+  description: The digest, one hex string.
+  type: list
+  elements: str
+"""
+
+import hashlib
+import json
+import os
+
+from ansible import context
+from ansible.errors import AnsibleLookupError
+from ansible.module_utils.common.text.converters import to_bytes
+from ansible.plugins.lookup import LookupBase
+from ansible.release import __version__ as ANSIBLE_CORE_VERSION
+
+# raymetal's own tree: this file is plugins/lookup/deploy_inputs.py in the
+# repository and in the installed collection alike.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CODE_DIRS = ("roles", "playbooks", "plugins")
+# Directories of an inventory source that are not inputs (ansible.cfg ignores
+# them as inventory too): the reports playbooks/acceptance.yml saves.
+SKIP_DIRS = {"acceptance", "__pycache__", ".git"}
+# Variables Ansible itself sets for a run (they differ between runs with the
+# same inputs, or repeat what is hashed already).
+RUN_VARS = {
+    "omit", "playbook_dir", "inventory_dir", "inventory_file", "ansible_playbook_python", "ansible_config_file",
+    "ansible_check_mode", "ansible_diff_mode", "ansible_forks", "ansible_run_tags", "ansible_skip_tags",
+    "ansible_verbosity", "ansible_inventory_sources", "ansible_limit", "ansible_version", "ansible_facts",
+    "ansible_search_path", "ansible_collection_name", "ansible_role_names", "ansible_play_role_names",
+    "role_names", "groups", "vars", "environment", "ansible_local", "module_setup",
+}
+
+
+def _update_tree(digest, top):
+    for current, dirs, files in os.walk(top):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        for name in sorted(files):
+            if name.endswith((".pyc", ".retry")):
+                continue
+            path = os.path.join(current, name)
+            digest.update(to_bytes(os.path.relpath(path, top)) + b"\0")
+            try:
+                with open(path, "rb") as handle:
+                    digest.update(hashlib.sha256(handle.read()).digest())
+            except OSError as exc:
+                digest.update(to_bytes("unreadable %s" % exc.__class__.__name__))
+
+
+def _update_path(digest, path):
+    if os.path.isdir(path):
+        _update_tree(digest, path)
+    elif os.path.isfile(path):
+        with open(path, "rb") as handle:
+            digest.update(hashlib.sha256(handle.read()).digest())
+    else:
+        digest.update(to_bytes("not a file: " + path))
+
+
+class LookupModule(LookupBase):
+    def run(self, terms, variables=None, **kwargs):
+        variables = variables or {}
+        self.set_options(var_options=variables, direct=kwargs)
+        part = self.get_option("part")
+        digest = hashlib.sha256()
+        if part == "files":
+            digest.update(to_bytes("ansible-core " + ANSIBLE_CORE_VERSION) + b"\0")
+            for name in CODE_DIRS:
+                digest.update(to_bytes("code " + name) + b"\0")
+                _update_path(digest, os.path.join(ROOT, name))
+            for source in sorted(variables.get("ansible_inventory_sources") or []):
+                digest.update(to_bytes("inventory " + os.path.basename(os.path.normpath(source))) + b"\0")
+                _update_path(digest, source)
+            for extra in (context.CLIARGS.get("extra_vars") or ()):
+                digest.update(b"extra vars\0")
+                if extra.startswith("@"):
+                    _update_path(digest, os.path.expanduser(extra[1:]))
+                else:
+                    digest.update(to_bytes(extra))
+            return [digest.hexdigest()]
+
+        hostvars = variables.get("hostvars")
+        if hostvars is None or not hasattr(hostvars, "raw_get"):
+            raise AnsibleLookupError("deploy_inputs needs the play's hostvars; call it from a task.")
+        hosts = terms[0] if len(terms) == 1 and isinstance(terms[0], list) else terms
+        for host in sorted(str(h) for h in hosts):
+            raw = hostvars.raw_get(host)
+            if not isinstance(raw, dict):
+                raise AnsibleLookupError("deploy_inputs: %s is not an inventory host" % host)
+            kept = dict((k, v) for k, v in raw.items() if k not in RUN_VARS)
+            digest.update(to_bytes("host " + host) + b"\0")
+            digest.update(to_bytes(json.dumps(kept, sort_keys=True, default=str)))
+        return [digest.hexdigest()]
