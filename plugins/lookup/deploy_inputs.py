@@ -8,16 +8,16 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: deploy_inputs
 short_description: Digest of a deploy's inputs on the controller (code, inventory, settings)
-version_added: "0.9.0"
+version_added: "0.1.0"
 description:
   - The controller-side half of the deploy's fast path (C(playbooks/fast_path.yml)); the
     C(applied_state) module keeps it on every node with what the deploy applied there.
   - "Returns a SHA-256 digest (hex), of one of two halves (O(part)): the ansible-core version; every file of raymetal's
     C(roles), C(playbooks) and C(plugins) directories; every file of each inventory source (a directory
-    recursively, without C(acceptance) reports), the generated credentials included; the extra variables
-    given on the command line (a C(@file) by its content); and, for each host given, its group
-    membership and its variables before any templating (inventory, C(host_vars), C(group_vars), extra
-    variables; a dynamic inventory's too), without Ansible's own run-specific variables."
+    recursively, without C(acceptance) reports), the generated credentials included; and, for each host
+    given, its group membership and its variables before any templating (inventory, C(host_vars),
+    C(group_vars), extra variables, a dynamic inventory's too), without Ansible's own run-specific
+    variables and without C(raymetal_fast_path)."
   - Any change to any of those makes the digest differ, and the fast path then runs the full deploy.
 options:
   _terms:
@@ -26,12 +26,19 @@ options:
     elements: str
   part:
     description:
-      - C(files) digests the ansible-core version, raymetal's code, the inventory sources' files and the
-        extra variables; C(vars) the given hosts' variables and groups. A deploy takes both at its start,
+      - C(files) digests the ansible-core version, raymetal's code and the inventory sources' files; C(vars)
+        the given hosts' variables (extra variables included) and groups. A deploy takes both at its start,
         and the C(files) half again at its end (the first deploy generates credentials in the inventory).
     type: str
     choices: [files, vars]
     required: true
+  extra_files:
+    description:
+      - With O(part=files), more files on the controller to digest by content (a missing one counts as
+        missing), such as the secrets a deploy generates or reads outside the inventory directory.
+    type: list
+    elements: path
+    default: []
 """
 
 EXAMPLES = r"""
@@ -53,7 +60,6 @@ import hashlib
 import json
 import os
 
-from ansible import context
 from ansible.errors import AnsibleLookupError
 from ansible.module_utils.common.text.converters import to_bytes
 from ansible.plugins.lookup import LookupBase
@@ -74,6 +80,8 @@ RUN_VARS = {
     "ansible_verbosity", "ansible_inventory_sources", "ansible_limit", "ansible_version", "ansible_facts",
     "ansible_search_path", "ansible_collection_name", "ansible_role_names", "ansible_play_role_names",
     "role_names", "groups", "vars", "environment", "ansible_local", "module_setup",
+    # The fast path's own switch changes nothing on a node.
+    "raymetal_fast_path",
 }
 
 
@@ -116,12 +124,9 @@ class LookupModule(LookupBase):
             for source in sorted(variables.get("ansible_inventory_sources") or []):
                 digest.update(to_bytes("inventory " + os.path.basename(os.path.normpath(source))) + b"\0")
                 _update_path(digest, source)
-            for extra in (context.CLIARGS.get("extra_vars") or ()):
-                digest.update(b"extra vars\0")
-                if extra.startswith("@"):
-                    _update_path(digest, os.path.expanduser(extra[1:]))
-                else:
-                    digest.update(to_bytes(extra))
+            for path in self.get_option("extra_files") or []:
+                digest.update(to_bytes("file " + path) + b"\0")
+                _update_path(digest, path)
             return [digest.hexdigest()]
 
         hostvars = variables.get("hostvars")

@@ -10,20 +10,23 @@ DOCUMENTATION = r"""
 ---
 module: applied_state
 short_description: Record what a deploy left on a node, and compare the node with that record later
-version_added: "0.9.0"
+version_added: "0.1.0"
 description:
-  - The node-side half of the deploy's fast path (C(playbooks/fast_path.yml)). At the end of a deploy
+  - >-
+    The node-side half of the deploy's fast path (C(playbooks/fast_path.yml)). At the end of a deploy
     that succeeded everywhere, O(state=record) writes a stamp on the node: the digest of the deploy's
     inputs (computed on the controller by the C(raymetal.cluster.deploy_inputs) lookup) and a
     fingerprint of everything O(watch) names, as it is now.
-  - O(state=probe) reads the stamp, takes the same fingerprint again and compares both with this run's
+  - >-
+    O(state=probe) reads the stamp, takes the same fingerprint again and compares both with this run's
     O(inputs). RV(fresh) is true only when the inputs are the same and nothing watched differs; RV(differs)
     names each difference, so a user sees why a run goes the full way.
   - "Fingerprints: files by content, type, mode, owner and group (directories recursively, symbolic links
     by target); systemd units by active and enablement state; Python virtual environments by the directory
     the link resolves to and the distributions installed; kernel modules by presence; InfiniBand ports by
     state; commands by their output."
-  - Only reads the node in O(state=probe). O(state=record) writes the stamp only (mode 0600), and is
+  - >-
+    Only reads the node in O(state=probe). O(state=record) writes the stamp only (mode 0600), and is
     skipped in check mode.
 options:
   state:
@@ -263,8 +266,15 @@ def compare(recorded, current):
             lines.append("%s: new (%s)" % (key, new.split(" ")[0]))
         elif new is None:
             lines.append("%s: gone" % key)
-        elif key.startswith("unit "):
+        elif key.startswith("unit ") or key.startswith("kernel module "):
             lines.append("%s: %s, recorded %s" % (key, new, old))
+        elif key.startswith("venv "):
+            if old.split(" ")[0] != new.split(" ")[0]:
+                lines.append("%s: now %s, recorded %s" % (key, new.split(" ")[0], old.split(" ")[0]))
+            else:
+                lines.append("%s: installed distributions" % key)
+        elif not key.startswith("/"):
+            lines.append("%s: output" % key)
         elif old.split(" ")[:2] != new.split(" ")[:2]:
             lines.append("%s: type, mode or owner (%s, recorded %s)" % (key, " ".join(new.split(" ")[:2]),
                                                                           " ".join(old.split(" ")[:2])))
@@ -281,9 +291,9 @@ def inputs_differ(recorded, current):
     new = (current.split("-", 1) + [""])[:2]
     lines = []
     if old[0] != new[0]:
-        lines.append("raymetal's code, the inventory's files or the extra variables changed since the last deploy")
+        lines.append("raymetal's code or the inventory's files changed since the last deploy")
     if old[1] != new[1]:
-        lines.append("the hosts' variables or groups changed since the last deploy")
+        lines.append("the hosts' variables (extra variables included) or groups changed since the last deploy")
     return lines or ["the deploy's inputs changed since the last deploy"]
 
 

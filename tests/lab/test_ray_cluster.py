@@ -33,14 +33,17 @@ def api(lab, path, *, token=True, on=HEAD):
     return int(code), body
 
 
-def counting_deploy(inventory):
+def counting_deploy(inventory, extravars=None, tasks=None):
+    """deploy(); (facts, ['host: task' that changed]). tasks, a list, gets every 'host: task' that ran."""
     changed = []
 
     def on_event(event):
         if event.get("changed"):
             changed.append(f"{event['host']}: {event['task']}")
+        if tasks is not None and event.get("status") in ("ok", "failed"):
+            tasks.append(f"{event['host']}: {event['task']}")
 
-    facts = deploy(str(inventory), on_event=on_event)
+    facts = deploy(str(inventory), extravars=extravars, on_event=on_event)
     return facts, changed
 
 
@@ -165,15 +168,55 @@ def test_rerun_changes_nothing_and_keeps_nodes_and_jobs(cluster, lab):
         labkit.wait_until(lambda: job_status(lab, job_id) == "RUNNING", 120, what=f"job {job_id} RUNNING")
         nodes_before, units_before = labkit.alive_nodes(lab), labkit.invocation_ids(lab)
         assert len(nodes_before) == len(lab), nodes_before
-        facts, changed = counting_deploy(labkit.LAB_INVENTORY)
+        # Every task, as without the fast path: the roles themselves change nothing.
+        ran = []
+        facts, changed = counting_deploy(labkit.LAB_INVENTORY, {"raymetal_fast_path": False}, ran)
         assert changed == [], changed
+        assert f"{labkit.WORKER1}: Write Ray's directories, environment, unit, labels, cluster description, helpers " \
+               "and session pruner" in ran
         assert labkit.alive_nodes(lab) == nodes_before
         assert labkit.invocation_ids(lab) == units_before
         assert job_status(lab, job_id) == "RUNNING"
         assert facts["nodes_alive"] == 3
+        # As users rerun it: the fast path, one probe per node and the summary on the head.
+        ran = []
+        facts, changed = counting_deploy(labkit.LAB_INVENTORY, None, ran)
+        assert changed == [], changed
+        assert sorted(t for t in ran if t.startswith((labkit.WORKER1 + ":", labkit.WORKER2 + ":"))) == [
+            f"{labkit.WORKER1}: Compare the node with the last deploy's record",
+            f"{labkit.WORKER2}: Compare the node with the last deploy's record"], ran
+        assert labkit.invocation_ids(lab) == units_before
+        assert job_status(lab, job_id) == "RUNNING"
+        assert facts["nodes_alive"] == 3 and facts["missing"] == [], facts
     finally:
         labkit.sh(HEAD, f"{TOKEN_ENV}; cd /tmp && /opt/ray/venv/bin/ray job stop --address http://{head_ip(lab)}:8265 "
                         f"{job_id}", check=False)
+
+
+def test_the_fast_path_sees_drift_and_the_full_deploy_repairs_it(cluster, lab):
+    """A file edited by hand and a unit stopped send the deploy the full way, which puts both back."""
+    counting_deploy(labkit.LAB_INVENTORY)  # records, or finds the record fresh
+    before = labkit.invocation_ids(lab)
+    labkit.sh(labkit.WORKER1, "echo '# edited by hand' >> /etc/ray/ray.env")
+    labkit.sh(labkit.WORKER2, "systemctl stop ray-prune-sessions.timer")
+    rc, out, stats = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    assert rc == 0, out[-3000:]
+    assert "2 of 3 host(s) differ from what the last deploy applied" in out, out[-3000:]
+    assert f"  {labkit.WORKER1}: /etc/ray/ray.env: content\n" in out, out[-3000:]
+    assert f"  {labkit.WORKER2}: unit ray-prune-sessions.timer: inactive/enabled, recorded active/enabled" in out
+    assert "edited by hand" not in labkit.sh(labkit.WORKER1, "cat /etc/ray/ray.env").stdout
+    assert labkit.sh(labkit.WORKER2, "systemctl is-active ray-prune-sessions.timer", check=False).stdout.strip() == "active"
+    assert stats[labkit.WORKER1]["changed"] > 0, stats
+    after = labkit.invocation_ids(lab)
+    assert after[HEAD] == before[HEAD] and after[labkit.WORKER2] == before[labkit.WORKER2], (before, after)
+    assert after[labkit.WORKER1] != before[labkit.WORKER1]
+    # Repaired and recorded: the next deploy is the fast path again.
+    ran = []
+    facts, changed = counting_deploy(labkit.LAB_INVENTORY, None, ran)
+    assert changed == [], changed
+    assert f"{labkit.WORKER1}: Compare the node with the last deploy's record" in ran
+    assert not any("Write Ray's directories" in t for t in ran), ran
+    assert facts["nodes_alive"] == 3
 
 
 def job_status(lab, job_id):

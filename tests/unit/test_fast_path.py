@@ -1,0 +1,139 @@
+"""The deploy's fast path: applied_state (plugins/modules/applied_state.py), the deploy_inputs lookup and the
+watch list (playbooks/vars/applied_state.yml)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from module_harness import REPO, ExitJson, run_module
+
+import applied_state  # (plugins/modules is on sys.path through module_harness)
+
+
+def run(args):
+    outcome, result = run_module(applied_state, args)
+    assert outcome is ExitJson, result
+    return result
+
+
+def node(tmp_path):
+    """A node's configuration directory with a file, a link and a subdirectory."""
+    conf = tmp_path / "etc" / "ray"
+    (conf / "rollback").mkdir(parents=True)
+    (conf / "ray.env").write_text("RAY_AUTH_MODE=token\n")
+    (conf / "current").symlink_to("ray.env")
+    return conf
+
+
+def test_a_node_without_a_record_is_not_fresh_and_says_so(tmp_path):
+    result = run({"path": str(tmp_path / "applied.json"), "inputs": "a-b", "watch": {"paths": [str(tmp_path)]}})
+    assert (result["fresh"], result["changed"]) == (False, False)
+    assert result["differs"] == ["no record of an earlier deploy on this node"]
+
+
+def test_record_then_probe_is_fresh_and_returns_the_published_facts(tmp_path):
+    conf = node(tmp_path)
+    stamp = tmp_path / "state" / "applied.json"
+    watch = {"paths": [str(conf), str(tmp_path / "missing")], "kernel_modules": ["surely_not_loaded_module"]}
+    published = {"ansible_facts": {"fabric": {"address": "10.0.0.1"}}}
+    recorded = run({"state": "record", "path": str(stamp), "inputs": "a-b", "watch": watch, "published": published})
+    assert recorded["changed"] is True
+    assert oct(os.stat(stamp).st_mode & 0o777) == "0o600"
+    assert run({"state": "record", "path": str(stamp), "inputs": "a-b", "watch": watch,
+                "published": published})["changed"] is False
+    probe = run({"path": str(stamp), "inputs": "a-b", "watch": watch})
+    assert (probe["fresh"], probe["differs"]) == (True, [])
+    assert probe["ansible_facts"] == {"fabric": {"address": "10.0.0.1"}}
+    assert probe["recorded_at"] == recorded["recorded_at"]
+
+
+@pytest.mark.parametrize("drift, expected", [
+    (lambda c: (c / "ray.env").write_text("RAY_AUTH_MODE=token\n# by hand\n"), "/ray.env: content"),
+    (lambda c: os.chmod(c / "ray.env", 0o666), "/ray.env: type, mode or owner"),
+    (lambda c: (c / "extra.conf").write_text("x\n"), "/extra.conf: new (file)"),
+    (lambda c: (c / "ray.env").unlink(), "/ray.env: gone"),
+    (lambda c: ((c / "current").unlink(), (c / "current").symlink_to("rollback")), "/current: type, mode or owner"),
+])
+def test_each_kind_of_drift_is_named(tmp_path, drift, expected):
+    conf = node(tmp_path)
+    stamp = tmp_path / "applied.json"
+    watch = {"paths": [str(conf)]}
+    run({"state": "record", "path": str(stamp), "inputs": "a-b", "watch": watch})
+    drift(conf)
+    probe = run({"path": str(stamp), "inputs": "a-b", "watch": watch})
+    assert probe["fresh"] is False
+    assert "ansible_facts" not in probe
+    assert any(line.endswith(expected) or expected in line for line in probe["differs"]), probe["differs"]
+
+
+def test_changed_inputs_name_the_half_that_changed(tmp_path):
+    stamp = tmp_path / "applied.json"
+    run({"state": "record", "path": str(stamp), "inputs": "files1-vars1", "watch": {}})
+    assert run({"path": str(stamp), "inputs": "files2-vars1", "watch": {}})["differs"] == [
+        "raymetal's code or the inventory's files changed since the last deploy"]
+    assert run({"path": str(stamp), "inputs": "files1-vars2", "watch": {}})["differs"] == [
+        "the hosts' variables (extra variables included) or groups changed since the last deploy"]
+
+
+def test_a_venv_is_watched_by_its_target_and_its_distributions(tmp_path):
+    real = tmp_path / "venv-2.60.0"
+    site = real / "lib" / "python3.11" / "site-packages"
+    (site / "ray-2.60.0.dist-info").mkdir(parents=True)
+    link = tmp_path / "venv"
+    link.symlink_to(real)
+    stamp = tmp_path / "applied.json"
+    watch = {"venvs": [str(link)]}
+    run({"state": "record", "path": str(stamp), "inputs": "a-b", "watch": watch})
+    assert run({"path": str(stamp), "inputs": "a-b", "watch": watch})["fresh"] is True
+    (site / "ray-2.60.0.dist-info").rename(site / "ray-2.59.0.dist-info")
+    assert run({"path": str(stamp), "inputs": "a-b", "watch": watch})["differs"] == [f"venv {link}: installed distributions"]
+
+
+def test_an_unreadable_or_foreign_record_is_not_fresh(tmp_path):
+    stamp = tmp_path / "applied.json"
+    stamp.write_text("{not json")
+    assert "unreadable" in run({"path": str(stamp), "inputs": "a", "watch": {}})["differs"][0]
+    stamp.write_text(json.dumps({"version": 99}))
+    assert "another raymetal version" in run({"path": str(stamp), "inputs": "a", "watch": {}})["differs"][0]
+
+
+def test_check_mode_writes_no_record(tmp_path):
+    stamp = tmp_path / "applied.json"
+    run({"state": "record", "path": str(stamp), "inputs": "a", "watch": {}, "_ansible_check_mode": True})
+    assert not stamp.exists()
+
+
+def test_the_watch_list_falls_back_to_the_roles_own_defaults():
+    """playbooks/vars/applied_state.yml loads no role: its fallbacks must be the roles' defaults."""
+    text = (REPO / "playbooks" / "vars" / "applied_state.yml").read_text()
+    defaults = {}
+    for role in ("ray", "nccl", "gcs_redis"):
+        defaults.update(yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()))
+    fallbacks = re.findall(r"(\w+) \| default\('([^']*)'\)", text)
+    assert len(fallbacks) >= 3, fallbacks
+    for name, value in fallbacks:
+        if value.startswith("/"):
+            assert defaults[name] == value, (name, value, defaults[name])
+        else:  # inventory_dir ~ '/credentials/...'
+            assert defaults[name].endswith(value), (name, value, defaults[name])
+
+
+def test_the_watch_list_names_every_unit_the_roles_run():
+    """Every unit name in a role's vars (a __*_service/_unit constant) is watched."""
+    watched = yaml.safe_load((REPO / "playbooks" / "vars" / "applied_state.yml").read_text())["raymetal_applied_watch"]
+    units = set(watched["units"])
+    missing = []
+    for vars_file in sorted(Path(REPO / "roles").glob("*/vars/main.yml")):
+        for key, value in (yaml.safe_load(vars_file.read_text()) or {}).items():
+            if re.search(r"_(service|unit)$", key) and isinstance(value, str) and "{{" not in value:
+                names = {value} if "." in value else {value + ".service", value + ".timer"}
+                if not names & units:
+                    missing.append(f"{vars_file.parent.parent.name}: {key}={value}")
+    assert missing == [], missing
+
