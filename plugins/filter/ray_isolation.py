@@ -94,10 +94,13 @@ def ray_isolation_plan(node, setting="auto", reserved_cpu=None, reserved_memory=
 
 
 def ray_isolation_by_host(hostvars, hosts):
-    """{host: plan} for the hosts whose plan this run decided (preflight ran there)."""
+    """{host: plan} for the hosts whose plan this run decided (preflight ran there), or the last deploy
+    recorded (the fast path gives it back as a fact when nothing changed since)."""
     found = {}
     for host in hosts or []:
-        plan = (hostvars.get(host) or {}).get("ray_resource_isolation_plan")
+        hvars = hostvars.get(host) or {}
+        plan = hvars.get("ray_resource_isolation_plan") or (hvars.get("ansible_facts") or {}).get(
+            "ray_resource_isolation_plan")
         if plan:
             found[host] = dict(plan)
     return found

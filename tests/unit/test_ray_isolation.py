@@ -164,3 +164,10 @@ def test_ray_default_reservations_are_not_passed():
 def test_by_host_skips_hosts_without_a_plan():
     hostvars = {"head": {"ray_resource_isolation_plan": plan(UNIFIED, "auto")}, "w1": {}}
     assert list(iso.ray_isolation_by_host(hostvars, ["head", "w1", "ghost"])) == ["head"]
+
+
+def test_by_host_takes_the_plan_the_fast_path_gave_back_as_a_fact():
+    """With nothing changed since the last deploy, preflight does not run: the recorded plan is a fact."""
+    recorded = plan(UNIFIED, "auto")
+    hostvars = {"w1": {"ansible_facts": {"ray_resource_isolation_plan": recorded}}, "w2": {"ansible_facts": {}}}
+    assert iso.ray_isolation_by_host(hostvars, ["w1", "w2"]) == {"w1": dict(recorded)}
