@@ -40,6 +40,10 @@ OS_NOISE = (
     "/var/lib/apt/lists/auxfiles",
     "/var/lib/apt/lists/lock",
     "/var/lib/apt/lists/partial",
+    # apt's daily timers (apt-daily.timer, apt-daily-upgrade.timer) take this
+    # lock whenever they fire, on their own schedule (seen on Debian 13 when
+    # one fired during the test).
+    "/var/lib/apt/daily_lock",
     # What the distribution's nginx makes at its first start (the package's
     # postinst starts it; the wheelhouse mirror then stops it and runs its own unit).
     "/var/lib/nginx/",
