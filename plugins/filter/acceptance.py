@@ -490,7 +490,8 @@ def nccl_allreduce_items(res, hosts, hostvars, rdma_kinds=("infiniband", "roce")
     ``res`` is the registered script result; ranks are matched to hosts by their fabric address, and
     a host whose fabric is one of ``rdma_kinds`` must see NCCL use the network over IB (nccl_verdict).
     Each item: {kind: nccl, src, dst: None, ranks, bytes, seconds, algbw_gbs, busbw_gbs, transport,
-    gdrdma, library, error, severity}; {kind: nccl, src: the head, note} when nothing ran on a GPU.
+    gdrdma, library, error, severity}; with one rank no bandwidth or transport but a note (nothing crossed
+    the fabric); {kind: nccl, src: the head, note} when nothing ran on a GPU.
     """
     res = res or {}
     by_ip, rdma = {}, {}
@@ -525,7 +526,14 @@ def nccl_allreduce_items(res, hosts, hostvars, rdma_kinds=("infiniband", "roce")
                          if k in ("transport", "gdrdma", "version")))
         if not item["error"] and result.get("sum_ok") is False:
             item["error"] = "the all-reduce returned a wrong sum (expected %d on every element)" % ranks
-        if not item["error"] and item["seconds"]:
+        if not item["error"] and ranks < 2:
+            # One rank sends nothing: NCCL still names the network plugin it loaded ("Using network
+            # Socket" on a real H100 host with NCCL 2.28), and the in-place all-reduce takes microseconds,
+            # so neither a transport nor a bandwidth is a reading of the fabric.
+            item["transport"], item["gdrdma"] = None, False
+            item["note"] = ("NCCL all-reduce on one rank: NCCL %s summed right on the GPU, no network used "
+                            "(a fabric figure needs two or more GPU nodes)" % (item.get("version") or "(version unknown)"))
+        elif not item["error"] and item["seconds"]:
             item["algbw_gbs"], item["busbw_gbs"] = nccl_busbw(nbytes, item["seconds"], ranks)
             finding = nccl_verdict(item, rdma.get(host, False), host, ranks)
             if finding:

@@ -494,7 +494,11 @@ def main():
     sysfs_root = module.params["sysfs_root"]
     if not os.path.isdir(os.path.join(sysfs_root, "class", "net")):
         module.fail_json(msg="sysfs_root '%s' has no class/net directory; is it a sysfs tree?" % sysfs_root)
-    ip_bin = module.get_bin_path("ip", required=True)
+    ip_bin = module.get_bin_path("ip")
+    if not ip_bin:
+        # Seen on a GPU cloud image that ships without iproute2.
+        module.fail_json(msg="the ip command is not installed; it reads the node's addresses and routes. "
+                             "Fix: install the iproute2 package on this node")
     try:
         links = parse_ip_addr(run_ip(module, ip_bin, ["-j", "addr", "show"]))
         default_dev = parse_default_route(run_ip(module, ip_bin, ["-j", "-4", "route", "show", "default"]))

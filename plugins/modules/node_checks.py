@@ -65,8 +65,9 @@ options:
     default: ""
   python:
     description:
-      - Python of the Ray venv; its version and those of C(ray), C(nvidia-nccl-cu12), C(cupy-cuda12x) and
-        C(nvidia-cuda-runtime-cu12) installed there are reported (null when absent).
+      - Python of the Ray venv; its version and those of C(ray), NCCL (C(nvidia-nccl-cu13) or C(nvidia-nccl-cu12)),
+        CuPy (C(cupy-cuda13x) or C(cupy-cuda12x)) and the CUDA runtime (C(nvidia-cuda-runtime),
+        C(nvidia-cuda-runtime-cu13) or C(nvidia-cuda-runtime-cu12)) installed there are reported (null when absent).
       - A path that does not exist is a C(fail) finding. Empty leaves these versions out.
     type: path
     default: ""
@@ -427,19 +428,27 @@ def package_versions(module, names):
     return versions
 
 
+# The distributions that bring NCCL, CuPy and the CUDA runtime into Ray's venv, for CUDA 13 (driver
+# 580 and later; the CUDA 13 runtime wheel has no suffix) and CUDA 12; the first one installed is reported.
+# A CUDA 13 stack (cupy-cuda13x, nvidia-nccl-cu13) reported nothing before: seen on a real H100 host.
+NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12")
+CUPY_DISTRIBUTIONS = ("cupy-cuda13x", "cupy-cuda12x")
+CUDA_RUNTIME_DISTRIBUTIONS = ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12")
+
 # Run by the Ray venv's Python: the versions of what Ray jobs use (stdlib only).
 VERSIONS_PROGRAM = r"""
 import json, platform
 from importlib import metadata
-def version(name):
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+def version(*names):
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return None
 print(json.dumps({"python": platform.python_version(), "ray": version("ray"),
-                  "nccl": version("nvidia-nccl-cu12"), "cupy": version("cupy-cuda12x"),
-                  "cuda": version("nvidia-cuda-runtime-cu12")}))
-"""
+                  "nccl": version(*%r), "cupy": version(*%r), "cuda": version(*%r)}))
+""" % (NCCL_DISTRIBUTIONS, CUPY_DISTRIBUTIONS, CUDA_RUNTIME_DISTRIBUTIONS)
 SOFTWARE = ("python", "ray", "nccl", "cupy", "cuda")
 
 

@@ -380,3 +380,12 @@ def test_documentation_matches_argument_spec_and_facts():
     assert set(documented) == set(fact)
     assert set(documented["rdma_devices"]["contains"]) == {"name", "port", "state", "link_layer", "rate", "netdev"}
     assert set(documented["candidates"]["contains"]) == set(fact["candidates"][0])
+
+
+def test_a_node_without_the_ip_command_is_told_to_install_iproute2():
+    """The H100 host tools/gpu_host_check.sh ran on had no iproute2 (tests/fixtures/nvidia/recorded-h100-vm)."""
+    with mock.patch.object(basic.AnsibleModule, "get_bin_path", lambda self, name, **kw: None):
+        with pytest.raises(FailJson) as failure:
+            run_module({"sysfs_root": str(FIXTURES / "dgx" / "sys")})
+    assert failure.value.result["msg"] == ("the ip command is not installed; it reads the node's addresses and routes. "
+                                           "Fix: install the iproute2 package on this node")
