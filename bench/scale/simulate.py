@@ -138,6 +138,12 @@ def _own_cpu():
 atexit.register(_own_cpu)
 sys.argv = ["ansible-playbook"] + sys.argv[1:]
 from ansible.cli.playbook import main
+if os.environ.get("RAYMETAL_BENCH_PROFILE"):
+    # --profile: the planner's own process under cProfile (its workers are forks: each one's own time is not in it).
+    import cProfile
+    profiler = cProfile.Profile()
+    atexit.register(lambda: profiler.dump_stats(os.environ["RAYMETAL_BENCH_PROFILE"]))
+    profiler.enable()
 main()
 '''
 
@@ -148,6 +154,16 @@ def log(msg):
 
 FULL_PATH = ("-e", "raymetal_fast_path=false")
 FAST_PATH_SIGN = "Only the cluster summary runs"  # playbooks/fast_path.yml's message when every node matches
+
+
+def planner_profile(path, top=15):
+    """{function: own seconds} of the top functions in a cProfile dump of the planner process."""
+    import pstats
+    stats = pstats.Stats(path).stats
+    rows = sorted(((tt, "%s:%d(%s)" % (os.path.relpath(f, REPO) if f.startswith(REPO) else
+                                       f.split("site-packages/")[-1], line, name))
+                   for (f, line, name), (_, _, tt, _, _) in stats.items()), reverse=True)
+    return dict((name, tt) for tt, name in rows[:top * 4])
 
 
 def run_site(inventory, logfile, env, extra=()):
@@ -247,8 +263,9 @@ def record(lab, work, path):
     return {"path": path, "wall": wall, "cpu": cpu, "rss": rss, "main": main_cpu, "modules": counts}
 
 
-def simulate(lab, work, hosts, path):
-    """site.yml on `hosts` simulated hosts on `path` ("fast" or "full"); the measurements."""
+def simulate(lab, work, hosts, path, profile=False):
+    """site.yml on `hosts` simulated hosts on `path` ("fast" or "full"); the measurements (with the planner's
+    profile when `profile`)."""
     sim = os.path.join(work, "sim-%s-%d" % (path, hosts))
     for sub in ("bin", "map", "state"):
         os.makedirs(os.path.join(sim, sub))
@@ -290,8 +307,10 @@ def simulate(lab, work, hosts, path):
     with open(os.path.join(inv_dir, "hosts.yml"), "w", encoding="utf-8") as fh:
         yaml.safe_dump(inventory, fh)
     logfile = os.path.join(sim, "site.log")
-    wall, cpu, rss, recap, main_cpu, took = run_site(inv_dir, logfile, ansible_env(sim),
-                                                     FULL_PATH if path == "full" else ())
+    env = ansible_env(sim)
+    if profile:
+        env["RAYMETAL_BENCH_PROFILE"] = os.path.join(sim, "planner.prof")
+    wall, cpu, rss, recap, main_cpu, took = run_site(inv_dir, logfile, env, FULL_PATH if path == "full" else ())
     if took != path:
         raise BenchError("%d simulated hosts took the %s path, not the %s path; log %s" % (hosts, took, path, logfile))
     standin_cpu = 0.0
@@ -308,7 +327,8 @@ def simulate(lab, work, hosts, path):
         raise BenchError("%d hosts simulated, but the recap names %d" % (hosts, len(recap)))
     return {"path": path, "hosts": hosts, "wall": wall, "cpu": cpu, "standin_cpu": standin_cpu, "net": cpu - standin_cpu,
             "module_runs": runs, "beyond": beyond, "rss": rss, "main": main_cpu,
-            "tasks": sum(c["ok"] for h, c in recap.items() if h != "localhost")}
+            "tasks": sum(c["ok"] for h, c in recap.items() if h != "localhost"),
+            "profile": planner_profile(env["RAYMETAL_BENCH_PROFILE"]) if profile else None}
 
 
 GOAL_RERUN_CPU_PER_HOST = 1.0  # issue 16: controller CPU seconds per host, no-op rerun
@@ -359,6 +379,24 @@ def report(recordings, rows):
                   "hosts: %.2f (1.00 = linear; above 1 it bends upward)"
                   % (path, first["hosts"], last["hosts"], last["net"] / first["net"], last["hosts"] / first["hosts"],
                      last["hosts"], first["hosts"], (last["net"] / first["net"]) / (last["hosts"] / first["hosts"])))
+    for path in ("fast", "full"):
+        these = [r for r in rows if r["path"] == path and r["profile"]]
+        if len(these) < 2:
+            continue
+        small, large = these[0], these[-1]
+        ratio = large["hosts"] / small["hosts"]
+        print()
+        print("The planner's profile, %s path (cProfile, own time of each function in ansible-playbook's process; "
+              "it slows that process, so its CPU above is not the plain figure): the functions whose time grew "
+              "most from %d to %d hosts, %.1fx the hosts (%.1fx = linear, %.1fx = square)"
+              % (path, small["hosts"], large["hosts"], ratio, ratio, ratio * ratio))
+        grown = sorted(((large["profile"][name] - small["profile"].get(name, 0.0), name) for name in large["profile"]),
+                       reverse=True)[:15]
+        print("  %10s %10s %7s  %s" % ("s at %d" % small["hosts"], "s at %d" % large["hosts"], "growth", "function"))
+        for _, name in grown:
+            before = small["profile"].get(name)
+            print("  %10s %10.1f %7s  %s" % ("%.1f" % before if before is not None else "<top", large["profile"][name],
+                                             "%.1fx" % (large["profile"][name] / before) if before else "", name))
     print()
     print("Goals (issue 16), on the no-op rerun as users run it (the fast path):")
     for row in rows:
@@ -381,6 +419,9 @@ def main():
     parser.add_argument("--mgmt-subnet", default="10.231.240.0/24")
     parser.add_argument("--fabric-subnet", default="10.231.250.0/24")
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir after a successful run")
+    parser.add_argument("--profile", action="store_true",
+                        help="run the planner (ansible-playbook's own process) under cProfile at every size and print "
+                             "the functions whose time grows fastest with the hosts")
     args = parser.parse_args()
     if args.prefix == "raymetal":
         sys.exit("--prefix raymetal is the main lab's; the simulation needs a lab of its own")
@@ -422,7 +463,7 @@ def main():
         for path, path_sizes in plan:
             for hosts in path_sizes:
                 log("%d simulated hosts, %s path: %s" % (hosts, path, deploy_bench.load()))
-                row = simulate(lab, work, hosts, path)
+                row = simulate(lab, work, hosts, path, args.profile)
                 rows.append(row)
                 log("%d hosts, %s path: %.1f s wall, %.1f controller CPU s (%.1f of it the stand-ins), %.0f MB"
                     % (hosts, path, row["wall"], row["cpu"], row["standin_cpu"], row["rss"]))
