@@ -143,6 +143,8 @@ if os.environ.get("RAYMETAL_BENCH_PROFILE"):
     import cProfile
     profiler = cProfile.Profile()
     atexit.register(lambda: profiler.dump_stats(os.environ["RAYMETAL_BENCH_PROFILE"]))
+    # The workers are forks of this process: without this they would run under the profiler too.
+    os.register_at_fork(after_in_child=profiler.disable)
     profiler.enable()
 main()
 '''
@@ -308,7 +310,7 @@ def simulate(lab, work, hosts, path, profile=False):
         yaml.safe_dump(inventory, fh)
     logfile = os.path.join(sim, "site.log")
     env = ansible_env(sim)
-    if profile:
+    if profile and path == "full":
         env["RAYMETAL_BENCH_PROFILE"] = os.path.join(sim, "planner.prof")
     wall, cpu, rss, recap, main_cpu, took = run_site(inv_dir, logfile, env, FULL_PATH if path == "full" else ())
     if took != path:
@@ -328,7 +330,7 @@ def simulate(lab, work, hosts, path, profile=False):
     return {"path": path, "hosts": hosts, "wall": wall, "cpu": cpu, "standin_cpu": standin_cpu, "net": cpu - standin_cpu,
             "module_runs": runs, "beyond": beyond, "rss": rss, "main": main_cpu,
             "tasks": sum(c["ok"] for h, c in recap.items() if h != "localhost"),
-            "profile": planner_profile(env["RAYMETAL_BENCH_PROFILE"]) if profile else None}
+            "profile": planner_profile(env["RAYMETAL_BENCH_PROFILE"]) if "RAYMETAL_BENCH_PROFILE" in env else None}
 
 
 GOAL_RERUN_CPU_PER_HOST = 1.0  # issue 16: controller CPU seconds per host, no-op rerun
@@ -368,6 +370,9 @@ def report(recordings, rows):
           "ansible-playbook's own process (one core at most: its share bounds the wall time whatever the forks); "
           "RSS: the largest process (the controller's ansible-playbook)."
           % ", ".join("%d at %d %s" % (r["module_runs"], r["hosts"], r["path"]) for r in rows))
+    if any(r["profile"] for r in rows):
+        print("note: the planner ran under cProfile at %s: their wall, CPU and main CPU are higher than a plain run's"
+              % ", ".join("%d hosts (%s)" % (r["hosts"], r["path"]) for r in rows if r["profile"]))
     if any(r["beyond"] for r in rows):
         print("note: %s module runs went beyond what the recorded node ran and were answered with its last answer"
               % ", ".join("%d at %d hosts (%s)" % (r["beyond"], r["hosts"], r["path"]) for r in rows if r["beyond"]))
@@ -420,8 +425,9 @@ def main():
     parser.add_argument("--fabric-subnet", default="10.231.250.0/24")
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir after a successful run")
     parser.add_argument("--profile", action="store_true",
-                        help="run the planner (ansible-playbook's own process) under cProfile at every size and print "
-                             "the functions whose time grows fastest with the hosts")
+                        help="run the planner (ansible-playbook's own process, not its workers) under cProfile at every "
+                             "full-path size and print the functions whose time grows fastest with the hosts; the "
+                             "fast-path sizes run without it")
     args = parser.parse_args()
     if args.prefix == "raymetal":
         sys.exit("--prefix raymetal is the main lab's; the simulation needs a lab of its own")
