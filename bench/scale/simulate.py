@@ -140,8 +140,9 @@ sys.argv = ["ansible-playbook"] + sys.argv[1:]
 from ansible.cli.playbook import main
 if os.environ.get("RAYMETAL_BENCH_PROFILE"):
     # --profile: the planner's own process under cProfile (its workers are forks: each one's own time is not in it).
-    import cProfile
-    profiler = cProfile.Profile()
+    import cProfile, time
+    # CPU time, not wall time: with forks=50 on a few cores, wall time is mostly waiting for a core.
+    profiler = cProfile.Profile(time.process_time)
     atexit.register(lambda: profiler.dump_stats(os.environ["RAYMETAL_BENCH_PROFILE"]))
     # The workers are forks of this process: without this they would run under the profiler too.
     os.register_at_fork(after_in_child=profiler.disable)
@@ -391,7 +392,7 @@ def report(recordings, rows):
         small, large = these[0], these[-1]
         ratio = large["hosts"] / small["hosts"]
         print()
-        print("The planner's profile, %s path (cProfile, own time of each function in ansible-playbook's process; "
+        print("The planner's profile, %s path (cProfile, own CPU time of each function in ansible-playbook's process; "
               "it slows that process, so its CPU above is not the plain figure): the functions whose time grew "
               "most from %d to %d hosts, %.1fx the hosts (%.1fx = linear, %.1fx = square)"
               % (path, small["hosts"], large["hosts"], ratio, ratio, ratio * ratio))
