@@ -109,7 +109,7 @@ nodes = [{"alive": n["Alive"], "resources": n["Resources"], "labels": n.get("Lab
 try:
     task = ray.get(on_gpu.remote(), timeout=120)
 except Exception as exc:  # noqa: BLE001  (recorded as the task's result)
-    task = {"error": "%s: %s" % (type(exc).__name__, str(exc).strip().splitlines()[-1:])}
+    task = {"error": "%s: %s" % (type(exc).__name__, (str(exc).strip().splitlines() or [""])[-1])}
 print(json.dumps({"model_label": model, "nodes": nodes, "task": task}, indent=1, sort_keys=True))
 ray.shutdown()
 EOF

@@ -14,9 +14,16 @@ each size, with the slope in ms per 100 MB. No network, no Ansible.
 """
 
 import argparse
+import importlib.util
 import os
 import resource
 import sys
+
+# The scale bench's least-squares line (bench/scale/run.py).
+_SPEC = importlib.util.spec_from_file_location("scale_bench", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                          "run.py"))
+scale_bench = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(scale_bench)
 
 
 def rss_mb():
@@ -63,11 +70,10 @@ def main():
         ms = fork_cost(args.forks) * 1000
         rows.append((rss_mb(), ms))
         print("%8.0f %8d %12.2f" % (rows[-1][0], args.forks, ms), flush=True)
-    if len(rows) >= 2:
-        n = len(rows)
-        mx, my = sum(r[0] for r in rows) / n, sum(r[1] for r in rows) / n
-        slope = sum((x - mx) * (y - my) for x, y in rows) / sum((x - mx) ** 2 for x, _ in rows)
-        print("least squares: %.2f ms + %.2f ms per 100 MB of the forking process" % (my - slope * mx, slope * 100))
+    line = scale_bench.fit(rows)
+    if line:
+        slope, intercept = line
+        print("least squares: %.2f ms + %.2f ms per 100 MB of the forking process" % (intercept, slope * 100))
     return 0
 
 

@@ -159,14 +159,15 @@ FULL_PATH = ("-e", "raymetal_fast_path=false")
 FAST_PATH_SIGN = "Only the cluster summary runs"  # playbooks/fast_path.yml's message when every node matches
 
 
-def planner_profile(path, top=15):
-    """{function: own seconds} of the top functions in a cProfile dump of the planner process."""
+def planner_profile(path, keep=60):
+    """{function: own seconds} of the `keep` functions with the most own time in a cProfile dump of the planner
+    process (the report compares sizes on these)."""
     import pstats
     stats = pstats.Stats(path).stats
     rows = sorted(((tt, "%s:%d(%s)" % (os.path.relpath(f, REPO) if f.startswith(REPO) else
                                        f.split("site-packages/")[-1], line, name))
                    for (f, line, name), (_, _, tt, _, _) in stats.items()), reverse=True)
-    return dict((name, tt) for tt, name in rows[:top * 4])
+    return dict((name, tt) for tt, name in rows[:keep])
 
 
 def run_site(inventory, logfile, env, extra=()):

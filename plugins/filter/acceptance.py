@@ -225,7 +225,7 @@ def acceptance_report(nodes, pinned=None, fail_keys=None, traffic=None):
             if item.get("busbw_gbs") is not None:
                 sent.append("NCCL all-reduce %d rank(s) busbw %.2f GB/s (algbw %.2f GB/s) via %s%s" % (
                     item.get("ranks") or 0, item["busbw_gbs"], item.get("algbw_gbs") or 0,
-                    item.get("transport") or "no network (one rank)", "/GDRDMA" if item.get("gdrdma") else ""))
+                    item.get("transport") or "no transport NCCL reported", "/GDRDMA" if item.get("gdrdma") else ""))
             elif item.get("note"):
                 sent.append(item["note"])
         if sent:

@@ -129,7 +129,6 @@ def test_nccl_transport_reads_the_recorded_nccl_228_log():
     assert acceptance.nccl_transport(kept) == acceptance.nccl_transport(log)
 
 
-
 def test_node_checks_reports_a_cuda_13_stack_in_rays_venv(tmp_path, monkeypatch):
     """On the H100 host Ray's Python had cupy-cuda13x and nvidia-nccl-cu13, which node_checks did not
     look for (it reported NCCL and CuPy as absent); the CUDA 12 names are still read."""
