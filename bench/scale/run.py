@@ -242,6 +242,17 @@ def report(args, rows):
         print("  fresh deploy / floor, %d nodes (wall): %.1f s / %.1f s = %.2fx  goal <= %.2fx: %s"
               % (small["nodes"], small["deploy"]["wall"], small["floor"]["wall"], ratio, GOAL_FLOOR_RATIO,
                  verdict(ratio <= GOAL_FLOOR_RATIO)))
+        # What the 1.25x asks of this machine: the deploy's own CPU demand (its nodes' and the controller's) spread
+        # over every core of a machine that is controller and cluster at once is the least wall it can take.
+        deploy_m, floor_m, cores = small["deploy"], small["floor"], os.cpu_count() or 1
+        if deploy_m["node_cpu"] is not None and floor_m["node_cpu"] is not None:
+            demand = deploy_m["node_cpu"] + deploy_m["controller_cpu"]
+            floor_demand = floor_m["node_cpu"] + floor_m["controller_cpu"]
+            print("    CPU demand: deploy %.1f s (nodes %.1f + controller %.1f), floor %.1f s (nodes %.1f + controller "
+                  "%.1f) = %.2fx; on these %d CPUs the deploy cannot take less than %.1f s of wall = %.2fx the floor"
+                  % (demand, deploy_m["node_cpu"], deploy_m["controller_cpu"], floor_demand, floor_m["node_cpu"],
+                     floor_m["controller_cpu"], demand / floor_demand, cores, demand / cores,
+                     demand / cores / floor_m["wall"]))
     else:
         print("  fresh deploy / floor: not measured (--no-floor)")
     if lines.get("rerun"):
