@@ -90,6 +90,29 @@ def test_bad_inventory_fails_once_and_changes_nothing(case, tmp_path, marked_nod
         assert changed_files(name) == [], f"{name} was modified by a failed validation"
 
 
+LIMITED = {
+    # The deploy stops in its first play (the fast path's), before any probe.
+    "site.yml": (),
+    # Maintenance picks its hosts on localhost (left out by --limit), then stops in check.yml.
+    "playbooks/maintenance.yml": ("-e", "raymetal_maintenance_hosts=raymetal-worker2",
+                                  "-e", "raymetal_maintenance_confirm=yes"),
+}
+
+
+@pytest.mark.parametrize("playbook", sorted(LIMITED))
+def test_a_run_limited_to_part_of_the_cluster_stops_before_changing_anything(playbook, marked_nodes):
+    rc, out, recap = labkit.run_playbook(playbook, labkit.LAB_INVENTORY, "--limit", "raymetal-worker2",
+                                         *LIMITED[playbook], timeout=300)
+    assert rc != 0, out
+    assert re.search(r"--limit 'raymetal-worker2' leaves out 2 of the 3 host\(s\) of ray_cluster: "
+                     r"raymetal-head, raymetal-worker1\..*Nothing was changed\. Fix: run it without --limit", out, re.S), out
+    assert out.count("fatal:") == 1, out
+    assert "Traceback" not in out, out
+    assert recap and all(c["changed"] == 0 for c in recap.values()), (recap, out)
+    for name in marked_nodes:
+        assert changed_files(name) == [], f"{name} was modified by a run limited to raymetal-worker2"
+
+
 def test_good_inventory_passes_validation(lab):
     rc, out, recap = labkit.run_playbook("playbooks/validate.yml", labkit.LAB_INVENTORY)
     assert rc == 0, out
