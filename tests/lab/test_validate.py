@@ -113,6 +113,53 @@ def test_a_run_limited_to_part_of_the_cluster_stops_before_changing_anything(pla
         assert changed_files(name) == [], f"{name} was modified by a run limited to raymetal-worker2"
 
 
+EXTRA_HEAD_SOURCE = """#!/usr/bin/env python3
+# A dynamic inventory source: when the marker beside its directory exists, one more host in ray_head only.
+import json, os
+marker = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "extra-head")
+if os.path.exists(marker):
+    print(json.dumps({"ray_head": {"hosts": ["raymetal-extra-head"]},
+                      "_meta": {"hostvars": {"raymetal-extra-head": {"ansible_host": "127.0.0.1"}}}}))
+else:
+    print(json.dumps({"_meta": {"hostvars": {}}}))
+"""
+
+
+def test_the_fast_path_sees_a_head_added_outside_ray_cluster(cluster, lab, tmp_path):
+    """The fast path skips the inventory's checks, so every head and worker is an input of the deploy: also one
+    outside ray_cluster that no inventory file shows (a dynamic source's output), which validation refuses."""
+    data = yaml.safe_load((labkit.LAB_INVENTORY / "hosts.yml").read_text())
+    heads = [name for name, hvars in lab.items() if hvars["group"] == "ray_head"]
+    workers = [name for name, hvars in lab.items() if hvars["group"] == "ray_worker"]
+    # The lab's hosts and variables, but ray_cluster lists its hosts itself (not ray_head and ray_worker as
+    # children), so that a host can be in ray_head without being in ray_cluster.
+    flat = {
+        "ray_cluster": {"vars": data["ray_cluster"]["vars"], "hosts": {
+            name: {k: v for k, v in hvars.items() if k != "group"} for name, hvars in lab.items()}},
+        "ray_head": {"hosts": dict.fromkeys(heads)},
+        "ray_worker": {"hosts": dict.fromkeys(workers)},
+    }
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(yaml.safe_dump(flat))
+    for name in ("group_vars", "credentials"):
+        (inv / name).symlink_to(labkit.LAB_INVENTORY / name)
+    script = inv / "extra.py"
+    script.write_text(EXTRA_HEAD_SOURCE)
+    script.chmod(0o755)
+    # A deploy from this inventory records it on every node (every task runs: other inventory files).
+    rc, out, recap = labkit.run_playbook("site.yml", inv, timeout=900)
+    assert rc == 0, out
+    # The source now puts a second head in ray_head only; no inventory file changed.
+    (tmp_path / "extra-head").touch()
+    rc, out, recap = labkit.run_playbook("site.yml", inv, timeout=300)
+    assert rc != 0, out
+    assert "Only the cluster summary runs" not in out, out
+    assert re.search(r"Exactly one head is required in group ray_head; found 2: [\w-]+, [\w-]+\.", out), out
+    assert "raymetal-extra-head" in out, out
+    assert recap and all(c["changed"] == 0 for c in recap.values()), (recap, out)
+
+
 def test_good_inventory_passes_validation(lab):
     rc, out, recap = labkit.run_playbook("playbooks/validate.yml", labkit.LAB_INVENTORY)
     assert rc == 0, out
