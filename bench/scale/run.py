@@ -145,11 +145,13 @@ def measure_size(args, nodes, work, with_floor):
                   + [("full", args.strategy, ["raymetal_fast_path=false"])])
         if args.compare_strategy:
             phases.append(("rerun+", args.compare_strategy, ["raymetal_fast_path=false"]))
-        for phase, strategy, extra in phases:
+        for i, (phase, strategy, extra) in enumerate(phases):
+            # Each run its own log (rerun-3-2.log: the second phase of 3 nodes).
+            label = "%s-%d-%d" % (phase, nodes, i) if phase == "rerun" else "%s-%d" % (phase, nodes)
             try:
                 (recap, sent, path), m = deploy_bench.measured(lab, "%s, %d nodes" % (phase, nodes),
-                                                               lambda p=phase, st=strategy, e=extra: playbook(
-                                                                   lab, "%s-%d" % (p, nodes), args.extra_vars + e, st))
+                                                               lambda st=strategy, e=extra, lb=label: playbook(
+                                                                   lab, lb, args.extra_vars + e, st))
             except BenchError as err:
                 if phase != "rerun+":
                     raise
@@ -159,14 +161,15 @@ def measure_size(args, nodes, work, with_floor):
             m["sent"] = sent
             m["path"] = path
             m["changed"] = dict((h, c["changed"]) for h, c in recap.items() if c["changed"])
-            m["profile"] = getattr(lab, "profiles", {}).get("%s-%d" % (phase, nodes), [])
+            m["profile"] = getattr(lab, "profiles", {}).get(label, [])
             if phase == "rerun":
                 row.setdefault("reruns", []).append(m)
-                row[phase] = sorted(row["reruns"], key=lambda r: r["controller_cpu"])[(len(row["reruns"]) - 1) // 2]
             else:
                 row[phase] = m
             log("%d nodes: %s (%s path) %.1f s wall, %.1f controller CPU s, %.1f MB sent, changed %s"
                 % (nodes, phase, path, m["wall"], m["controller_cpu"], sent / 1e6, m["changed"] or "0 everywhere"))
+        reruns = sorted(row["reruns"], key=lambda r: r["controller_cpu"])
+        row["rerun"] = reruns[(len(reruns) - 1) // 2]
     finally:
         lab.down()
     return row
@@ -270,9 +273,9 @@ def report(args, rows):
     slow = ["%d nodes" % row["nodes"] for row in rows if any(r["path"] != "fast" for r in row["reruns"])]
     print("  no-op rerun took the fast path: %s" % ("at every size" if not slow else "NO at " + ", ".join(slow)))
     for phase in ("rerun", "full"):
-        changed = dict((row["nodes"], [r["changed"] for r in (row["reruns"] if phase == "rerun" else [row[phase]])
-                                       if r["changed"]]) for row in rows)
-        changed = dict((n, c) for n, c in changed.items() if c)
+        runs = dict((row["nodes"], row["reruns"] if phase == "rerun" else [row[phase]]) for row in rows)
+        changed = dict((n, [r["changed"] for r in rs if r["changed"]]) for n, rs in runs.items()
+                       if any(r["changed"] for r in rs))
         print("  %s changed: %s" % ("no-op rerun" if phase == "rerun" else "full-path rerun",
                                     changed or "0 on every host of every size"))
     for row in rows[:1]:
