@@ -2,6 +2,11 @@
 busy until a release file appears there, while SPREAD tasks record where (and when) each ran.
 
 argv: gcs_address target_ip release_file log_file
+
+The log's lines are JSON: {"ready": t} once the actor holds the node, {"draining": t} the first round after the
+GCS lists the target among its draining nodes (the drain was accepted: that is the moment the test judges the
+scheduler by, not when the playbook began asking, which includes starting Ray's CLI on a loaded head), one
+{"ip", "t"} per task, and {"released", "end"} last.
 """
 
 import json
@@ -42,7 +47,11 @@ with open(log, "w") as out:
     out.write(json.dumps({"ready": time.time()}) + "\n")
     out.flush()
     rounds_after = 3
+    draining = False
     while rounds_after > 0:
+        if not draining and target in ray._private.state.state.get_draining_nodes():
+            draining = True
+            out.write(json.dumps({"draining": time.time()}) + "\n")
         done, _ = ray.wait([held], timeout=0)
         if done:
             rounds_after -= 1
