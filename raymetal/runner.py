@@ -179,7 +179,11 @@ def run_playbook(playbook: str, inventory: str, extravars: Optional[Dict[str, An
         result = ansible_runner.run(
             private_data_dir=private, project_dir=project_dir, playbook=playbook,
             inventory=inventory, limit=limit, envvars=envvars, event_handler=handler,
-            quiet=True, suppress_env_files=True)
+            quiet=True, suppress_env_files=True,
+            # ansible-runner's default is a jsonfile fact cache, which ansible-core 2.19 decodes again on every
+            # task for every host: 60% more controller CPU on a full deploy of the lab (46 against 28 CPU-seconds).
+            # The memory cache is what ansible.cfg gives ansible-playbook.
+            fact_cache_type="memory")
         stdout_tail = ""
         if result.rc != 0:
             try:

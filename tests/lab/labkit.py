@@ -103,7 +103,10 @@ def run_playbook(playbook: str, inventory: Path | str, *args: str, timeout: int 
             inventory=str(inventory), cmdline=shlex.join(args) if args else None,
             envvars={k: env[k] for k in ("ANSIBLE_CONFIG", "PATH", "ANSIBLE_NOCOLOR", "ANSIBLE_FORCE_COLOR",
                                           "ANSIBLE_CACHE_PLUGIN")},
-            event_handler=handle, quiet=True, suppress_env_files=True, timeout=timeout)
+            event_handler=handle, quiet=True, suppress_env_files=True, timeout=timeout,
+            # Not ansible-runner's default jsonfile fact cache: the memory cache, as ansible-playbook gets from
+            # ansible.cfg (see raymetal/runner.py).
+            fact_cache_type="memory")
         output = result.stdout.read().replace("\r\n", "\n")
     if result.status == "timeout":
         raise subprocess.TimeoutExpired(["ansible-playbook", playbook, *args], timeout, output)

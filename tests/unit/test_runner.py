@@ -120,6 +120,24 @@ def test_limit_is_passed(tmp_path, inventory):
     assert runner.run_playbook(playbook(tmp_path, FAIL), inventory, limit="head1") == {}
 
 
+def test_runs_without_ansible_runners_jsonfile_fact_cache(tmp_path, inventory):
+    """ansible-runner turns on a jsonfile fact cache unless told otherwise; ansible-core 2.19 decodes it again on
+    every task for every host (a full deploy of the lab took 60% more controller CPU). The API runs with the
+    memory cache that ansible.cfg gives ansible-playbook."""
+    seen = playbook(tmp_path, """
+        - name: Report the fact cache in effect
+          hosts: head1
+          gather_facts: false
+          tasks:
+            - name: Publish it
+              ansible.builtin.set_stats:
+                data:
+                  cache: "{{ lookup('ansible.builtin.config', 'CACHE_PLUGIN') }}"
+                aggregate: false
+        """)
+    assert runner.run_playbook(seen, inventory) == {"cache": "memory"}
+
+
 def test_syntax_error_without_task_events_still_raises(tmp_path, inventory):
     with pytest.raises(RaymetalError) as err:
         runner.run_playbook(playbook(tmp_path, "- hosts: all\n  tasks: [{name: x, no_such_module: {}}]\n"), inventory)
