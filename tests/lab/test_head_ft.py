@@ -1,8 +1,10 @@
 """Head fault tolerance: with ray_gcs_fault_tolerance rocksdb (Ray's embedded RocksDB store on the head's disk)
 and redis (Redis on worker2, run by the gcs_redis role, reachable from the head only), a restart of the head's
 unit, or a GCS killed with -9, restarts no worker and a detached actor created before answers after, with its
-state. Turned off again, the store (and Redis with its data) is gone.
+state. Switched from rocksdb to redis, the RocksDB store is gone; turned off again, Redis with its data is gone.
 
+One test walks off -> rocksdb -> redis -> off: each switch restarts every node, so the two backends share the
+deploys between them instead of each going back to off (a deploy fewer on a loaded CI machine).
 Without fault tolerance a killed GCS restarts every node (tests/lab/test_reboot.py measures that).
 """
 
@@ -10,8 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-
-import pytest
 
 from tests.lab import labkit
 
@@ -64,85 +64,88 @@ def raylet_pids(lab, names):
     return {name: labkit.sh(name, "pgrep -x raylet").stdout.split() for name in names}
 
 
-@pytest.fixture(params=["rocksdb", "redis"])
-def backend(request, tmp_path):
-    """(fault tolerance setting, inventory): Redis runs on worker2 (group ray_gcs_redis), away from the head."""
-    inventory = labkit.LAB_INVENTORY
-    if request.param == "redis":
-        inventory = labkit.inventory_copy(tmp_path)
-        (inventory / "gcs_redis.yml").write_text(
-            f"ray_gcs_redis:\n  hosts:\n    {labkit.WORKER2}:\n")
-    return request.param, inventory
+def redis_inventory(tmp_path):
+    """The lab's inventory with Redis on worker2 (group ray_gcs_redis), away from the head."""
+    inventory = labkit.inventory_copy(tmp_path)
+    (inventory / "gcs_redis.yml").write_text(f"ray_gcs_redis:\n  hosts:\n    {labkit.WORKER2}:\n")
+    return inventory
 
 
-def test_with_gcs_fault_tolerance_a_head_restart_restarts_no_worker_and_keeps_a_detached_actor(cluster, lab, backend):
-    kind, inventory = backend
-    ft = ("-e", f"ray_gcs_fault_tolerance={kind}")
+def test_with_gcs_fault_tolerance_a_head_restart_restarts_no_worker_and_keeps_a_detached_actor(cluster, lab, tmp_path):
     workers = [name for name in lab if name != HEAD]
     worker1_ip = lab[labkit.WORKER1]["lab_fabric_ip"]
     redis_ip = lab[labkit.WORKER2]["lab_fabric_ip"]
+    # worker2 as Redis turned on and off again leaves it: redis-server installed, stopped, disabled, and unloaded by
+    # systemd's reload. Turning it on again used to fail there ("Unit redis-server.service not loaded").
+    labkit.sh(labkit.WORKER2, "DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null "
+                              "&& systemctl disable --now redis-server && { systemctl reset-failed redis-server || true; } "
+                              "&& systemctl daemon-reload", timeout=300)
     try:
-        rc, out, _ = labkit.run_playbook("site.yml", inventory, *ft)
-        assert rc == 0, out[-3000:]
-        env = labkit.sh(HEAD, "cat /etc/ray/ray.env").stdout.splitlines()
-        if kind == "rocksdb":
-            assert "RAY_gcs_storage=rocksdb" in env and "RAY_gcs_storage_path=/var/lib/ray/gcs" in env, env
-        else:
-            assert f"RAY_REDIS_ADDRESS={redis_ip}:6390" in env and "RAY_external_storage_namespace=raymetal-2.60.0" in env
-            assert "RAY_gcs_storage=rocksdb" not in env
-            # Redis on worker2's fabric address, with a password, reachable from the head only.
-            listening = labkit.sh(labkit.WORKER2, "ss -ltnH 'sport = :6390'").stdout
-            assert [line.split()[3] for line in listening.splitlines() if line.strip()] == [f"{redis_ip}:6390"], listening
-            assert labkit.probe_from(HEAD, redis_ip, 6390) == "open"
-            assert labkit.probe_from(labkit.WORKER1, redis_ip, 6390) == "timeout"
-            assert labkit.sh(labkit.WORKER2, f"redis-cli -h {redis_ip} -p 6390 ping").stdout.strip().startswith("NOAUTH")
-            # The password shows in no diff and no -v output (the head's ray.env, Redis's configuration).
-            password = (inventory / "credentials" / "ray_gcs_redis_password").read_text().strip()
-            assert len(password) == 64 and password not in out
-        for name in workers:
-            assert "RAY_gcs_rpc_server_reconnect_timeout_s=300" in labkit.sh(name, "cat /etc/ray/ray.env").stdout
-        labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, interval=3, what="every node alive")
-        if kind == "rocksdb":
-            # Ray writes its store there (RocksDB files and the session-name marker).
-            assert labkit.sh(HEAD, "ls /var/lib/ray/gcs").stdout.split(), "the GCS store is empty"
-        else:
-            keys = labkit.sh(labkit.WORKER2, f"REDISCLI_AUTH=$(sed -n 's/^requirepass //p' /etc/redis/raymetal-gcs.conf) "
-                                             f"redis-cli -h {redis_ip} -p 6390 dbsize").stdout.strip()
-            assert keys.isdigit() and int(keys) > 0, keys
+        for kind, inventory in (("rocksdb", labkit.LAB_INVENTORY), ("redis", redis_inventory(tmp_path))):
+            ft = ("-e", f"ray_gcs_fault_tolerance={kind}")
+            rc, out, _ = labkit.run_playbook("site.yml", inventory, *ft)
+            assert rc == 0, out[-3000:]
+            env = labkit.sh(HEAD, "cat /etc/ray/ray.env").stdout.splitlines()
+            if kind == "rocksdb":
+                assert "RAY_gcs_storage=rocksdb" in env and "RAY_gcs_storage_path=/var/lib/ray/gcs" in env, env
+            else:
+                assert f"RAY_REDIS_ADDRESS={redis_ip}:6390" in env and "RAY_external_storage_namespace=raymetal-2.60.0" in env
+                assert "RAY_gcs_storage=rocksdb" not in env
+                # Switched from rocksdb: its store is gone (a later switch back must not reload that state).
+                assert labkit.sh(HEAD, "test -e /var/lib/ray/gcs", check=False).returncode == 1
+                # Redis on worker2's fabric address, with a password, reachable from the head only.
+                listening = labkit.sh(labkit.WORKER2, "ss -ltnH 'sport = :6390'").stdout
+                assert [line.split()[3] for line in listening.splitlines() if line.strip()] == [f"{redis_ip}:6390"], listening
+                assert labkit.probe_from(HEAD, redis_ip, 6390) == "open"
+                assert labkit.probe_from(labkit.WORKER1, redis_ip, 6390) == "timeout"
+                assert labkit.sh(labkit.WORKER2, f"redis-cli -h {redis_ip} -p 6390 ping").stdout.strip().startswith("NOAUTH")
+                # The password shows in no diff and no -v output (the head's ray.env, Redis's configuration).
+                password = (inventory / "credentials" / "ray_gcs_redis_password").read_text().strip()
+                assert len(password) == 64 and password not in out
+            for name in workers:
+                assert "RAY_gcs_rpc_server_reconnect_timeout_s=300" in labkit.sh(name, "cat /etc/ray/ray.env").stdout
+            labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, interval=3, what="every node alive")
+            if kind == "rocksdb":
+                # Ray writes its store there (RocksDB files and the session-name marker).
+                assert labkit.sh(HEAD, "ls /var/lib/ray/gcs").stdout.split(), "the GCS store is empty"
+            else:
+                keys = labkit.sh(labkit.WORKER2, f"REDISCLI_AUTH=$(sed -n 's/^requirepass //p' /etc/redis/raymetal-gcs.conf) "
+                                                 f"redis-cli -h {redis_ip} -p 6390 dbsize").stdout.strip()
+                assert keys.isdigit() and int(keys) > 0, keys
 
-        labkit.sh(HEAD, f"cat > /tmp/ft_counter.py <<'EOF'\n{COUNTER}\nEOF")
-        count, where, pid = counter(lab, "create", worker1_ip)
-        assert (count, where) == (1, worker1_ip)
-        raylets = raylet_pids(lab, workers)
-        units = labkit.invocation_ids(lab, workers)
-        figures = {}
-        for how, command in (("systemctl restart ray-head", "systemctl restart --no-block ray-head"),
-                             ("kill -9 gcs_server", "kill -9 $(pgrep -x gcs_server)")):
-            start = time.monotonic()
-            labkit.sh(HEAD, command)
-            # Down first: the head's GCS port closes (a restart that never went down would prove nothing).
-            labkit.wait_until(lambda: labkit.probe_from(HEAD, lab[HEAD]["lab_fabric_ip"], 6379) != "open", 60,
-                              interval=0.5, what=f"{how}: the GCS port closed")
-            answer = []
-            labkit.wait_until(lambda: answer.append(counter(lab, check=False)) or answer[-1] is not None, 240,
-                              interval=1, what=f"{how}: the detached actor answers again")
-            figures[how] = round(time.monotonic() - start, 1)
-            count += 1
-            # The same actor process, with its state: nothing on the worker was restarted.
-            assert answer[-1] == [count, worker1_ip, pid], (how, answer[-1])
-            assert raylet_pids(lab, workers) == raylets, f"{how}: a worker's raylet restarted"
-            assert labkit.invocation_ids(lab, workers) == units, f"{how}: a worker's unit restarted"
-            labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 120, interval=2,
-                              what=f"{how}: every node alive")
-        print(f"\nwith ray_gcs_fault_tolerance={kind}, head down -> detached actor answers again: "
-              + ", ".join(f"{how} {took} s" for how, took in figures.items()) + "; no worker restarted")
+            labkit.sh(HEAD, f"cat > /tmp/ft_counter.py <<'EOF'\n{COUNTER}\nEOF")
+            count, where, pid = counter(lab, "create", worker1_ip)
+            assert (count, where) == (1, worker1_ip)
+            raylets = raylet_pids(lab, workers)
+            units = labkit.invocation_ids(lab, workers)
+            figures = {}
+            for how, command in (("systemctl restart ray-head", "systemctl restart --no-block ray-head"),
+                                 ("kill -9 gcs_server", "kill -9 $(pgrep -x gcs_server)")):
+                start = time.monotonic()
+                labkit.sh(HEAD, command)
+                # Down first: the head's GCS port closes (a restart that never went down would prove nothing).
+                labkit.wait_until(lambda: labkit.probe_from(HEAD, lab[HEAD]["lab_fabric_ip"], 6379) != "open", 60,
+                                  interval=0.5, what=f"{how}: the GCS port closed")
+                answer = []
+                labkit.wait_until(lambda: answer.append(counter(lab, check=False)) or answer[-1] is not None, 240,
+                                  interval=1, what=f"{how}: the detached actor answers again")
+                figures[how] = round(time.monotonic() - start, 1)
+                count += 1
+                # The same actor process, with its state: nothing on the worker was restarted.
+                assert answer[-1] == [count, worker1_ip, pid], (how, answer[-1])
+                assert raylet_pids(lab, workers) == raylets, f"{how}: a worker's raylet restarted"
+                assert labkit.invocation_ids(lab, workers) == units, f"{how}: a worker's unit restarted"
+                labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 120, interval=2,
+                                  what=f"{how}: every node alive")
+            print(f"\nwith ray_gcs_fault_tolerance={kind}, head down -> detached actor answers again: "
+                  + ", ".join(f"{how} {took} s" for how, took in figures.items()) + "; no worker restarted")
 
-        # A rerun with fault tolerance on changes nothing and restarts nothing.
-        before = labkit.invocation_ids(lab)
-        rc, out, stats = labkit.run_playbook("site.yml", inventory, *ft)
-        assert rc == 0, out[-3000:]
-        assert all(s["changed"] == 0 for s in stats.values()), stats
-        assert labkit.invocation_ids(lab) == before
+            # A rerun with fault tolerance on changes nothing and restarts nothing.
+            before = labkit.invocation_ids(lab)
+            rc, out, stats = labkit.run_playbook("site.yml", inventory, *ft)
+            assert rc == 0, out[-3000:]
+            assert all(s["changed"] == 0 for s in stats.values()), stats
+            assert labkit.invocation_ids(lab) == before
     finally:
         labkit.sh(HEAD, "rm -f /tmp/ft_counter.py", check=False)
         rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
