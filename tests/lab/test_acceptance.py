@@ -37,11 +37,25 @@ def ray_pids(lab) -> dict[str, str]:
 
 
 def verdict_lines(output: str) -> dict[str, str]:
-    """host -> the verdict line ansible printed."""
+    """host -> the verdict line ansible printed (a line that YAML folded onto the next ones, as a long host
+    list on a lab with a long prefix is, joined again)."""
     lines = {}
-    for match in re.finditer(r"^\s+- '?(%s-[a-z0-9]+): (PASS|WARN|FAIL)(.*?)'?$" % re.escape(labkit.LAB_PREFIX),
-                             output, re.M):
-        lines[match.group(1)] = "%s %s" % (match.group(2), match.group(3).strip())
+    start = re.compile(r"^(\s+)- '?(%s-[a-z0-9]+): (PASS|WARN|FAIL)(.*)$" % re.escape(labkit.LAB_PREFIX))
+    text = output.splitlines()
+    for i, line in enumerate(text):
+        match = start.match(line)
+        if not match:
+            continue
+        rest = [match.group(4)]
+        for more in text[i + 1:]:
+            # A folded scalar goes on, indented deeper than its "- ", up to the next item or the end of the list.
+            if not more.startswith(match.group(1) + "  ") or more.lstrip().startswith("- "):
+                break
+            rest.append(more.strip())
+        value = " ".join(part.strip() for part in rest if part.strip())
+        if value.endswith("'"):
+            value = value[:-1]
+        lines[match.group(2)] = ("%s %s" % (match.group(3), value)).strip()
     return lines
 
 
