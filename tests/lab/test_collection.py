@@ -1,7 +1,7 @@
 """raymetal as a collection: build it, install it into an empty project, use it by FQCN on the lab.
 
 The empty project has only an ansible.cfg (collections_path, SSH settings and
-the inventory ignore pattern the README gives for collection users) and a playbook; the roles, modules,
+the inventory ignore pattern docs/collection.md gives collection users) and a playbook; the roles, modules,
 filters, plugin_utils and playbooks come from the installed collection alone. The role's own tasks call
 fabric_facts by its short name: that it resolves (and imports its module_utils through
 ansible_collections.raymetal.cluster) is part of what is tested. Then the real deploy,
@@ -50,8 +50,8 @@ def _run(cmd, cwd, env=None, timeout=600, split=False):
 
 
 def readme_inventory_section():
-    """The [inventory] lines the README tells collection users to put in their ansible.cfg."""
-    text = (labkit.ROOT / "README.md").read_text()
+    """The [inventory] lines docs/collection.md tells collection users to put in their ansible.cfg."""
+    text = (labkit.ROOT / "docs" / "collection.md").read_text()
     start = text.index("    [inventory]\n")
     return textwrap.dedent(text[start:text.index("\n\n", start)]) + "\n"
 

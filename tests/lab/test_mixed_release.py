@@ -2,7 +2,7 @@
 
 Debian 12 runs Python 3.11 and Debian 13 Python 3.13, and Ray 2.60 refuses a node whose Python
 differs from the cluster's (`ray start` on the worker: "Version mismatch", compared to X.Y.Z; seen
-in the lab, see README "Operating systems"). So raymetal refuses such an inventory in preflight,
+in the lab, see docs/operating-systems.md). So raymetal refuses such an inventory in preflight,
 before any node changes. The test adds a third worker of the other release to the session's
 deployed lab (lab/lab.sh up with LAB_WORKERS=3 and LAB_WORKER_RELEASE naming it), runs site.yml,
 and checks what users are promised: the run stops with one message naming each Python and its

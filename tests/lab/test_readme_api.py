@@ -1,4 +1,4 @@
-"""Run the README's Python API example (docs/api_example.py, included verbatim) against the lab.
+"""Run the Python API example (docs/api_example.py, included verbatim in docs/api.md) against the lab.
 
 Needs the lab up and Ray deployed on it (`lab/lab.sh up`, then site.yml with -i inventory/lab).
 """

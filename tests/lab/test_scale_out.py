@@ -1,7 +1,7 @@
 """Scale out on the lab (playbooks/scale-out.yml): a fresh container joins the running cluster.
 
 The test adds a third worker to the session's deployed lab (lab/lab.sh up with LAB_WORKERS=3: the
-existing containers are left as they are), runs scale-out.yml as the README says, and checks what
+existing containers are left as they are), runs scale-out.yml as docs/operations.md says, and checks what
 users are promised: the new worker is an ALIVE Ray node, no existing node restarted (same unit
 invocations), a job that was running keeps running, and every node's firewall admits the new
 worker's fabric address. It leaves the lab as it found it: three nodes, every firewall and the

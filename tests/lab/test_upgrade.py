@@ -1,4 +1,4 @@
-"""playbooks/upgrade.yml between two real Ray releases, as the README gives it.
+"""playbooks/upgrade.yml between two real Ray releases, as docs/operations.md gives it.
 
 The session's lab runs Ray 2.60.0. The test moves it to the older release in
 lab/lab.sh's second wheelhouse (wheelhouse-ray-2.59.0: the lab's wheels plus

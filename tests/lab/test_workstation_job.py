@@ -1,6 +1,6 @@
-"""Submitting a job from a workstation exactly as the README says, and extra packages on offline nodes.
+"""Submitting a job from a workstation exactly as docs/jobs.md says, and extra packages on offline nodes.
 
-The workstation is the controller. The README's two shell blocks (marked
+The workstation is the controller. docs/jobs.md's two shell blocks (marked
 "tested as written") are run as they stand, with only the lab's addresses
 moved to this lab's subnets: the tunnel in the background (ended by its
 process id), then the Ray CLI install, the token and `ray job submit` of
@@ -30,7 +30,7 @@ import pytest
 
 from tests.lab import labkit
 
-README = (labkit.ROOT / "README.md").read_text()
+JOBS_DOC = (labkit.ROOT / "docs" / "jobs.md").read_text()
 NUMPY = "numpy==2.4.6"
 LAB_DEFAULT_MGMT, LAB_DEFAULT_FABRIC = "10.231.10.", "10.231.20."
 CACHE = Path(os.environ.get("RAYMETAL_CACHE") or Path.home() / ".cache" / "raymetal")
@@ -38,13 +38,13 @@ CACHE = Path(os.environ.get("RAYMETAL_CACHE") or Path.home() / ".cache" / "rayme
 
 def readme_block(tag: str) -> str:
     match = re.search(r"<!-- tested as written: tests/lab/test_workstation_job.py \(%s\) -->\n```sh\n(.*?)```" % tag,
-                      README, re.S)
-    assert match, f"README has no '{tag}' block"
+                      JOBS_DOC, re.S)
+    assert match, f"docs/jobs.md has no '{tag}' block"
     return match.group(1)
 
 
 def for_this_lab(text: str) -> str:
-    """The README is written for the default lab; move it to this lab's subnets and prefix."""
+    """docs/jobs.md is written for the default lab; move it to this lab's subnets and prefix."""
     mgmt = os.environ.get("LAB_MGMT_SUBNET", "10.231.10.0/24").rsplit(".", 1)[0] + "."
     fabric = os.environ.get("LAB_FABRIC_SUBNET", "10.231.20.0/24").rsplit(".", 1)[0] + "."
     return text.replace(LAB_DEFAULT_MGMT, mgmt).replace(LAB_DEFAULT_FABRIC, fabric).replace(
@@ -62,13 +62,13 @@ def tunnel_up(port=8265, timeout=60):
 
 
 def submit_from_workstation() -> str:
-    """Run the README's tunnel and submit blocks; return the submit block's output."""
+    """Run docs/jobs.md's tunnel and submit blocks; return the submit block's output."""
     tunnel = subprocess.Popen(["bash", "-c", for_this_lab(readme_block("tunnel"))], cwd=labkit.ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         if not tunnel_up():
             tunnel.kill()
-            pytest.fail("the README's tunnel did not open 127.0.0.1:8265: %s" % tunnel.communicate()[0])
+            pytest.fail("docs/jobs.md's tunnel did not open 127.0.0.1:8265: %s" % tunnel.communicate()[0])
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         proc = subprocess.run(["bash", "-e", "-c", for_this_lab(readme_block("submit"))], cwd=labkit.ROOT, env=env,
                               capture_output=True, text=True, timeout=900)

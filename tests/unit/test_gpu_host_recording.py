@@ -99,7 +99,7 @@ def test_the_labels_raymetal_derived_there_are_the_ones_the_ray_node_carried():
     assert dict(node["labels"], **labels) == node["labels"]
     assert node["labels"]["ray.io/accelerator-type"] == "H100"
     assert (node["resources"]["GPU"], node["resources"]["accelerator_type:H100"]) == (1.0, 1.0)
-    # The README's label_selector on gpu-model placed a task on that GPU, which CuPy used.
+    # The label_selector on gpu-model of docs/jobs.md placed a task on that GPU, which CuPy used.
     assert ray["task"]["device_name"] == "NVIDIA H100 80GB HBM3"
     assert (ray["task"]["cuda_visible_devices"], ray["task"]["sum_ok"]) == ("0", True)
 
