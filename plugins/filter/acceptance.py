@@ -9,27 +9,6 @@ from __future__ import annotations
 import json
 import re
 
-DOCUMENTATION_ACCEPTANCE_NODES = """
-name: acceptance_nodes
-short_description: Collect each host's node_checks fact from hostvars
-description:
-  - >-
-    Returns {host: node_checks fact}; a host without the fact (unreachable, module failed) gets
-    a record with one C(fail) finding that says so, so it is never silently left out.
-"""
-
-DOCUMENTATION_ACCEPTANCE_REPORT = """
-name: acceptance_report
-short_description: Turn node checks, drift and traffic figures into per-node verdicts
-description:
-  - >-
-    Input is {host: node_checks fact} (from acceptance_nodes), the pinned versions (a dict, empty
-    values ignored), the version keys whose drift is a failure (others warn), and optional traffic
-    results (a list of {kind, src, dst, ...} from the ring tests).
-  - >-
-    Returns {nodes: {host: {verdict, findings, figures}}, drift: [...], traffic: [...],
-    summary: {PASS, WARN, FAIL}, lines: ["host: VERDICT reason; reason"], failed: bool}.
-"""
 
 # Compared first, in this order; any other version a node reports (cupy, acceptance_packages) after them.
 DRIFT_KEYS = ("nvidia_driver", "cuda", "nccl", "ray", "python", "kernel", "rdma-core", "hca_firmware")
@@ -197,7 +176,7 @@ def _figures(record):
 
 
 def acceptance_report(nodes, pinned=None, fail_keys=None, traffic=None):
-    """Per-node verdicts and the report (see DOCUMENTATION_ACCEPTANCE_REPORT)."""
+    """Per-node verdicts and the report (see acceptance_report.yml)."""
     fail_keys = DEFAULT_DRIFT_FAIL if fail_keys is None else tuple(fail_keys)
     drift_by_host, drift_list = drift(nodes, pinned, fail_keys)
     rates = rate_findings(nodes)

@@ -16,19 +16,6 @@ import ipaddress
 import re
 import shlex
 
-DOCUMENTATION = r"""
-name: firewall
-short_description: Validation and rule planning for the raymetal firewall role
-description:
-  - C(firewall_invalid_sources) returns an error line for each entry that is
-    not an IPv4/IPv6 address or a network without host bits.
-  - C(firewall_invalid_ports) returns an error line for each bad entry of
-    C(firewall_ports).
-  - C(firewall_split_sources) normalises sources and splits them by family.
-  - C(firewall_port_plan) returns the ports that apply to a node role.
-  - C(firewall_rule_plan) returns the flat, ordered allow/deny rule list used
-    by the ufw and firewalld backends.
-"""
 
 PROTOS = ("tcp", "udp")
 # closed: a port Ray listens on that no other host may reach (only loopback).

@@ -10,25 +10,6 @@ from ansible_collections.raymetal.cluster.plugins.plugin_utils.ssh_tunnel import
 
 GIB = float(2**30)
 
-DOCUMENTATION_RAY_FABRIC_IPS = """
-name: ray_fabric_ips
-short_description: Map inventory hosts to the fabric IP their Ray node uses
-description:
-  - The one place that decides which IP a host's Ray node has, for expected_nodes.
-  - ray_node_ip_address when set (the Ray role binds to it first), else the address the
-    fabric_facts module found (ansible_facts['fabric']['address']). Hosts with neither are left out.
-"""
-
-DOCUMENTATION_RAY_SUMMARY_TABLE = """
-name: ray_summary_table
-short_description: Render the ray_cluster fact as a fixed-width table
-description:
-  - >-
-    Returns a list of lines (for ansible.builtin.debug msg): a header, one row per Ray node
-    (inventory host matched by IP, fabric IP, state, CPUs, GPUs, memory GiB, object store GiB),
-    a row per expected host with no node (state MISSING), then TOTAL and AVAILABLE lines.
-"""
-
 
 def ray_fabric_ips(hosts, hostvars):
     """Return {inventory_hostname: fabric IP} for the hosts whose Ray IP is known.

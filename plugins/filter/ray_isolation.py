@@ -2,22 +2,6 @@
 
 from __future__ import annotations
 
-DOCUMENTATION_RAY_ISOLATION_PLAN = """
-name: ray_isolation_plan
-short_description: Decide Ray's resource isolation for one node from what the node reports
-description:
-  - Input is the C(isolation) part of the ray role's node probe (files/ray_node_probe.py) - C(cgroup2)
-    (true when /sys/fs/cgroup is the unified cgroup v2 hierarchy), C(controllers) (its cgroup.controllers),
-    C(kernel), C(cpus) and C(memory_bytes).
-  - Arguments are the setting (C(auto), true or false), the reserved CPU cores and the reserved memory
-    in bytes (none lets Ray choose).
-  - Returns C(enabled) (bool), C(reason) (why it is off, or the reservation when on) and C(problem)
-    (a message when the setting is true and the node cannot do it, or a reservation Ray would refuse;
-    empty otherwise). Ray's own rules (ray/_private/resource_isolation_config.py and
-    src/ray/common/cgroup2/cgroup_manager.cc in 2.60) - cgroup v2 only, kernel 5.8 or newer, the cpu
-    and memory controllers available, at least 1 reserved core and fewer than the node has, at least
-    500 MiB reserved and less than the node has.
-"""
 
 MIN_KERNEL = (5, 8)
 MIN_RESERVED_CPU = 1.0
@@ -48,6 +32,7 @@ def _gib(num):
 
 
 def ray_isolation_plan(node, setting="auto", reserved_cpu=None, reserved_memory=None):
+    """{enabled, reason, problem} of Ray's resource isolation on one node (see ray_isolation_plan.yml)."""
     node = node or {}
     mode = _setting(setting)
     if mode is None:

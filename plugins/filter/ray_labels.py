@@ -6,30 +6,6 @@ import re
 
 from ansible_collections.raymetal.cluster.plugins.plugin_utils.labels import GPU_DOMAIN, PREFIX
 
-DOCUMENTATION_RAY_NODE_LABELS = """
-name: ray_node_labels
-short_description: Derive a node's Ray labels from its fabric and GPU facts and the site's topology
-description:
-  - >-
-    Input is the host's fabric fact (fabric_facts module); arguments are the nvidia_gpu and
-    nvidia_driver facts (nvidia_gpu_facts; either may be empty), the host name, and the site's
-    topology (a dict such as {rack: r12, leaf: leaf3}).
-  - >-
-    Returns {label: value} (all strings) under raymetal's own prefix C(raymetal.io/):
-    C(fabric) (infiniband, roce or ethernet), C(rdma-rails) and C(link-rate-gbps) (the slowest
-    active rail) on RDMA fabrics, C(gpu-count), C(gpu-model) and C(gpu-memory-gib) on GPU nodes,
-    one C(raymetal.io/<key>) per topology entry; and Ray's topology label C(ray.io/gpu-domain) on
-    GPU nodes, the NVLink clique (cluster UUID and clique ID) where the driver reports one, else
-    the host itself.
-"""
-
-DOCUMENTATION_RAY_LABEL_PROBLEMS = """
-name: ray_label_problems
-short_description: Check Ray node labels against Ray's syntax
-description:
-  - Returns one message per label that Ray 2.60 would refuse at start (ray/_private/label_utils.py,
-    Kubernetes label syntax), naming the label and the rule; empty when every label is valid.
-"""
 
 # Ray's rules (ray/_private/label_utils.py): an optional DNS-subdomain prefix and a name or value of
 # at most 63 characters, alphanumeric at both ends, with - _ . inside. Values may be empty.
@@ -64,6 +40,7 @@ def _gpu_domain(driver, hostname):
 
 
 def ray_node_labels(fabric, gpu=None, driver=None, hostname="", topology=None):
+    """{label: value} of one node, from its facts and the site's topology (see ray_node_labels.yml)."""
     fabric = fabric or {}
     gpu = gpu or {}
     driver = driver or {}
@@ -94,6 +71,7 @@ def ray_node_labels(fabric, gpu=None, driver=None, hostname="", topology=None):
 
 
 def ray_label_problems(labels):
+    """One message per label Ray would refuse (see ray_label_problems.yml)."""
     problems = []
     for key, value in sorted((labels or {}).items(), key=lambda kv: str(kv[0])):
         key = str(key)

@@ -2,14 +2,6 @@
 
 from __future__ import annotations
 
-DOCUMENTATION_PORT_PROBLEMS = """
-name: port_problems
-short_description: Find invalid or colliding port settings
-description:
-  - Takes a dict of variable name to port, plus the worker port range, and
-    returns one readable sentence per problem (empty list when all is well).
-"""
-
 
 def _as_port(value):
     try:
@@ -103,21 +95,6 @@ def node_software_lines(hosts, hostvars):
     return lines
 
 
-DOCUMENTATION_OS_PROBLEMS = """
-name: os_problems
-short_description: What is wrong with each host's OS for raymetal, for all hosts of a play at once
-description:
-  - >-
-    Takes the play's host names and hostvars (what the validation gathered: ansible_facts with
-    service_mgr, os_family, distribution, distribution_version) and returns {host: problem} for the
-    hosts whose service manager is not systemd (unless raymetal_validate_require_systemd is false for
-    that host) or whose OS family is not supported (unless raymetal_allow_unsupported_os is true).
-  - >-
-    Hosts that could not be reached (their registered __validate_setup says unreachable) are left out:
-    the reachability check names them.
-"""
-
-
 def _flag(value, default):
     if value is None:
         return default
@@ -127,7 +104,7 @@ def _flag(value, default):
 
 
 def os_problems(hosts, hostvars, supported_families):
-    """{host: problem} for the hosts whose OS raymetal cannot deploy on (see DOCUMENTATION_OS_PROBLEMS)."""
+    """{host: problem} for the hosts whose OS raymetal cannot deploy on (see os_problems.yml)."""
     problems = {}
     for host in hosts or []:
         hvars = hostvars[host] if host in hostvars else {}

@@ -10,43 +10,6 @@ from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonic
                              parse_sdist_filename, parse_wheel_filename)
 from packaging.version import InvalidVersion
 
-DOCUMENTATION_WHEELHOUSE_MISSING = """
-name: wheelhouse_missing
-short_description: The requirements that no file in a wheelhouse satisfies
-description:
-  - Takes pip requirement specifiers (C(ray[default]==2.60.0), C(numpy==2.4.6), C(torch))
-    and the file names in a wheelhouse directory; returns, in order, each requirement for
-    which no wheel or sdist of that project with an allowed version is there.
-  - Looks at the named packages only, not at their dependencies (pip reports those).
-  - An unparseable requirement is returned as missing, with the reason.
-"""
-
-
-DOCUMENTATION_WHEELHOUSE_FOR_PYTHON = """
-name: wheelhouse_for_python
-short_description: The files of a wheelhouse that a given CPython release can install
-description:
-  - >-
-    Takes the file names in a wheelhouse directory and a Python release (C(3.13), or C(3.13.5)); returns,
-    in order, the wheels whose Python and ABI tags CPython of that release accepts (C(cp313-cp313),
-    C(cp310-abi3), C(py3-none), ...) and every sdist (pip may build it anywhere).
-  - >-
-    Platform tags are not looked at (the wheelhouse is built for the nodes' platform); hidden files and
-    other names are left out.
-  - >-
-    One wheelhouse can so hold wheels for several Python releases side by side: each node gets and
-    installs the ones for its own.
-"""
-
-DOCUMENTATION_WHEELHOUSE_PYTHONS = """
-name: wheelhouse_pythons
-short_description: The Python releases for which a wheelhouse holds a given project
-description:
-  - Takes the file names in a wheelhouse and a project name (C(ray)); returns the sorted C(X.Y) releases
-    that its wheels are built for (C(cp311) is C(3.11), C(cp311-abi3) C(3.11+)), or C(any) for a
-    pure-Python wheel or an sdist.
-"""
-
 
 def _python_release(version):
     """'3.13' or '3.13.5' -> (3, 13); ValueError for anything else."""
@@ -152,24 +115,9 @@ def wheelhouse_missing(requirements, filenames):
     return missing
 
 
-DOCUMENTATION_WHEELHOUSE_PIP_SOURCE = """
-name: wheelhouse_pip_source
-short_description: Where one node's pip run takes Ray's packages from, and the pip arguments that say so
-description:
-  - >-
-    Takes the ray role's C(ray_install_source) and returns a dict with C(kind) (C(local): the node's own
-    wheelhouse directory; C(mirror): the wheelhouse mirror host over HTTP; C(index): a package index or pip's
-    configuration), C(args) (pip arguments, a list) and C(where) (for messages).
-  - >-
-    C(wheelhouse) with C(fanout=mirror) installs from the mirror (C(--no-index --find-links http://IP:PORT/
-    --trusted-host IP --no-cache-dir)) except on the mirror host itself, which installs from its directory;
-    C(fanout=copy) and C(path) install from the node's directory.
-"""
-
-
 def wheelhouse_pip_source(install_source, fanout="mirror", is_mirror=False, mirror_ip="", mirror_port=8480,
                           wheelhouse_dir="", index_url=""):
-    """{kind, args, where} of the pip run on one node (see DOCUMENTATION_WHEELHOUSE_PIP_SOURCE)."""
+    """{kind, args, where} of the pip run on one node (see wheelhouse_pip_source.yml)."""
     source = str(install_source)
     if source not in ("index", "wheelhouse", "path"):
         raise ValueError("ray_install_source=%r: expected index, wheelhouse or path" % (install_source,))
