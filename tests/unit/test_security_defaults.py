@@ -37,3 +37,35 @@ def test_wheelhouse_rsync_checks_host_keys_like_ansible_does():
         assert syncs, task_file
         for sync in syncs:
             assert sync.get("verify_host") is True and sync.get("use_ssh_args") is True, (task_file, sync)
+
+
+def _ray_tasks():
+    for path in sorted((ROOT / "roles" / "ray" / "tasks").glob("*.yml")):
+        for task in yaml.safe_load(path.read_text()) or []:
+            for t in task.get("block", [task]):
+                yield path.name, t
+
+
+def test_the_ray_role_removes_the_gcs_store_only_through_its_marker():
+    """A directory the user named (ray_gcs_storage_path: /home) is never removed with file: state=absent or find -delete."""
+    for name, task in _ray_tasks():
+        text = yaml.safe_dump(task)
+        if "ray_gcs_storage_path" in text or "__ray_gcs_store_renew" in text:
+            assert "ansible.builtin.file" not in task and "-delete" not in text, (name, task["name"])
+    rvars = yaml.safe_load((ROOT / "roles" / "ray" / "vars" / "main.yml").read_text())
+    for entry in rvars["__ray_gcs_store_renew"]:
+        assert entry["marker"] == "{{ __ray_gcs_store_marker }}"
+    assert {"ray_gcs_storage_path", "ray_state_dir", "ray_temp_dir", "ray_config_dir", "ray_venv_path",
+            "ray_wheelhouse_dir"} <= set(rvars["__ray_removed_dirs"])
+    for task_file in ("preflight.yml", "teardown.yml"):
+        assert "__ray_removed_dirs | raymetal.cluster.removal_path_problems" in (
+            ROOT / "roles" / "ray" / "tasks" / task_file).read_text(), task_file
+
+
+def test_teardowns_remove_a_file_setting_only_as_a_file():
+    """nccl_conf_path: /etc or acceptance_state_file: /home would have removed a tree with file: state=absent."""
+    for role, var in (("nccl", "nccl_conf_path"), ("acceptance", "acceptance_state_file")):
+        tasks = yaml.safe_load((ROOT / "roles" / role / "tasks" / "teardown.yml").read_text())
+        for task in tasks:
+            if "{{ %s }}" % var in yaml.safe_dump(task):
+                assert "ansible.builtin.file" not in task, (role, task["name"])
