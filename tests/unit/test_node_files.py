@@ -198,3 +198,12 @@ def test_a_directory_is_never_removed_without_a_marker_option(tmp_path):
     (tmp_path / "d").mkdir()
     outcome, result = run_module(node_files, {"files": [{"path": str(tmp_path / "d"), "state": "absent"}]})
     assert outcome is FailJson and "removes files only" in result["msg"]
+
+
+def test_a_sticky_mode_is_set_and_then_left_alone(tmp_path):
+    entry = {"path": str(tmp_path / "tmp"), "state": "directory", "mode": "1770"}
+    assert run([entry])["changed"] is True
+    assert "%04o" % stat.S_IMODE(os.stat(entry["path"]).st_mode) == "1770"
+    assert run([entry])["changed"] is False
+    os.chmod(entry["path"], 0o777)
+    assert run([entry])["changed_paths"] == [entry["path"]]

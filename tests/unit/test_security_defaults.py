@@ -69,3 +69,14 @@ def test_teardowns_remove_a_file_setting_only_as_a_file():
         for task in tasks:
             if "{{ %s }}" % var in yaml.safe_dump(task):
                 assert "ansible.builtin.file" not in task, (role, task["name"])
+
+
+def test_ray_temp_dir_is_sticky_closed_to_others_and_owned_by_root_so_ray_cannot_reopen_it():
+    """Was ray:ray 0777 (issue 35): anyone could remove or replace Ray's session directories. Ray 2.60 chmods a temp
+    dir it owns back to 0777 at every start, so the owner must be root (and the mode then stays: idempotent)."""
+    tasks = yaml.safe_load((ROOT / "roles" / "ray" / "tasks" / "configure.yml").read_text())
+    dirs = next(t for t in tasks if "node_files" in t)["vars"]["__ray_config_dirs"]
+    temp = next(d for d in dirs if d["path"] == "{{ ray_temp_dir }}")
+    assert (temp["owner"], temp["group"], temp["mode"]) == ("root", "{{ ray_group }}", "1770")
+    mode = int(temp["mode"], 8)
+    assert mode & 0o1000 and not mode & 0o007
