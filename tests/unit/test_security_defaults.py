@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import re
 import pathlib
 
 import yaml
@@ -80,3 +81,29 @@ def test_ray_temp_dir_is_sticky_closed_to_others_and_owned_by_root_so_ray_cannot
     assert (temp["owner"], temp["group"], temp["mode"]) == ("root", "{{ ray_group }}", "1770")
     mode = int(temp["mode"], 8)
     assert mode & 0o1000 and not mode & 0o007
+
+
+SECRET_NAME = re.compile(r"(password|token|secret)$")
+
+
+def test_every_secret_variable_is_no_log_in_its_argument_spec():
+    """ray_auth_token had no no_log (issue 35): a failed validation printed it."""
+    secrets = []
+    for spec_path in sorted((ROOT / "roles").glob("*/meta/argument_specs.yml")):
+        spec = yaml.safe_load(spec_path.read_text())["argument_specs"]
+        for entry_point in spec.values():
+            for name, option in (entry_point.get("options") or {}).items():
+                if SECRET_NAME.search(name):
+                    secrets.append(name)
+                    assert option.get("no_log") is True, (spec_path.parent.parent.name, name)
+    assert "ray_auth_token" in secrets and "ray_gcs_redis_password" in secrets
+
+
+def test_ray_env_and_the_token_never_show_in_a_diff():
+    """ray.env was secret only while Redis was on: the run that turned it off printed the password as the old content."""
+    tasks = yaml.safe_load((ROOT / "roles" / "ray" / "tasks" / "configure.yml").read_text())
+    files = next(t for t in tasks if "node_files" in t)["vars"]["__ray_config_files"]
+    env = next(f for f in files if f["path"] == "{{ ray_config_dir }}/ray.env")
+    assert env["secret"] is True
+    token = next(t for t in tasks if t.get("register") == "__ray_token_file")
+    assert token["no_log"] is True and token["diff"] is False
