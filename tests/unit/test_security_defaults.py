@@ -107,3 +107,14 @@ def test_ray_env_and_the_token_never_show_in_a_diff():
     assert env["secret"] is True
     token = next(t for t in tasks if t.get("register") == "__ray_token_file")
     assert token["no_log"] is True and token["diff"] is False
+
+
+def test_redis_config_is_roots_and_config_rewrite_cannot_persist():
+    """Was redis:redis 0640 (issue 35): CONFIG SET requirepass "" + CONFIG REWRITE survived a restart."""
+    tasks = yaml.safe_load((ROOT / "roles" / "gcs_redis" / "tasks" / "main.yml").read_text())
+    block = next(t for t in tasks if "block" in t)["block"]
+    files = next(t for t in block if "node_files" in t)["node_files"]["files"]
+    conf = next(f for f in files if f["path"] == "{{ __gcs_redis_conf }}")
+    assert (conf["owner"], conf["group"], conf["mode"], conf["secret"]) == ("root", "redis", "0640", True)
+    template = (ROOT / "roles" / "gcs_redis" / "templates" / "raymetal-gcs.conf.j2").read_text()
+    assert 'rename-command CONFIG ""' in template.splitlines()
