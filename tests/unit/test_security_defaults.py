@@ -118,3 +118,27 @@ def test_redis_config_is_roots_and_config_rewrite_cannot_persist():
     assert (conf["owner"], conf["group"], conf["mode"], conf["secret"]) == ("root", "redis", "0640", True)
     template = (ROOT / "roles" / "gcs_redis" / "templates" / "raymetal-gcs.conf.j2").read_text()
     assert 'rename-command CONFIG ""' in template.splitlines()
+
+
+def _assert_holds(task, **variables):
+    import jinja2
+    env = jinja2.Environment()
+    env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).lower() in ("true", "yes", "1", "on")
+    return all(env.compile_expression(cond)(**variables) for cond in task["ansible.builtin.assert"]["that"])
+
+
+def test_an_unsigned_apt_mirror_needs_an_explicit_acknowledgement():
+    """package_mirror_apt_trusted: true was accepted anywhere (issue 35): unsigned packages installed as root."""
+    tasks = yaml.safe_load((ROOT / "roles" / "package_mirror" / "tasks" / "main.yml").read_text())
+    check = next(t for t in tasks if "acknowledges" in t["name"])
+    site = {"package_mirror_apt_url": "http://mirror.example.org/", "package_mirror_apt_trusted": True,
+            "package_mirror_apt_trusted_acknowledged": False}
+    assert not _assert_holds(check, **site)
+    assert "package_mirror_apt_trusted_acknowledged: true" in check["ansible.builtin.assert"]["fail_msg"]
+    assert _assert_holds(check, **dict(site, package_mirror_apt_trusted_acknowledged=True))
+    assert _assert_holds(check, **dict(site, package_mirror_apt_trusted=False))
+    assert _assert_holds(check, **dict(site, package_mirror_apt_url=""))
+    defaults = yaml.safe_load((ROOT / "roles" / "package_mirror" / "defaults" / "main.yml").read_text())
+    assert defaults["package_mirror_apt_trusted_acknowledged"] is False
+    lab = yaml.safe_load((ROOT / "inventory" / "lab" / "group_vars" / "ray_cluster.yml").read_text())
+    assert lab["package_mirror_apt_trusted"] is True and lab["package_mirror_apt_trusted_acknowledged"] is True
