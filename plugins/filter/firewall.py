@@ -226,17 +226,73 @@ def firewall_rule_plan(ports, node_role, interface, cluster, admin=None, prometh
     return allows + denies
 
 
+MEMBER_KEY = "raymetal:fabric-members:"
+
+
+def firewall_member_rules(cluster, interface):
+    """Rules that admit each cluster source on every port of the fabric interface (ufw, firewalld).
+
+    The nftables table's policy is accept: a member reaches every port of another member that the table does not
+    list (NCCL's and torch.distributed's ephemeral ports, iperf3, ib_write_bw's exchange), and the listed ones as
+    the per-port rules say. ufw and firewalld deny by default, so these rules give members the same reach; they
+    must come after the per-port rules (ufw: after the denies; firewalld: a later priority), so that a closed
+    port, a port with sources of its own and a metrics-only port stay as the per-port rules say.
+    """
+    iface = "" if interface in (None, "", "any") else interface
+    rules = []
+    for family, key in ((4, "v4"), (6, "v6")):
+        for source in (cluster or {}).get(key, []):
+            rules.append({
+                "key": "%s%s:%s" % (MEMBER_KEY, iface or "any", source), "action": "allow", "proto": "",
+                "port": "", "port_range": "", "source": source, "family": family, "interface": iface,
+                "name": "fabric-members",
+            })
+    return rules
+
+
+# firewalld evaluates rich rules with a priority below 0 before everything else
+# of the zone, lowest first (firewalld 0.9 and later): the per-port accepts,
+# then the per-port rejects, then the members' accept on every port.
+FIREWALLD_PRIORITY = {"allow": -30, "deny": -20, "members": -10}
+
+
 def firewall_firewalld_rich_rules(rules):
-    """Turn the allow rules of a rule plan into firewalld rich rule strings."""
+    """Turn a rule plan (and member rules) into firewalld rich rule strings, in the order firewalld applies them."""
     result = []
     for rule in rules:
-        if rule["action"] != "allow":
-            continue
-        result.append(
-            'rule family="%s" source address="%s" port port="%s" protocol="%s" accept'
-            % ("ipv4" if rule["family"] == 4 else "ipv6", rule["source"], rule["port_range"], rule["proto"])
-        )
+        family = "ipv4" if rule["family"] == 4 else "ipv6"
+        if rule["key"].startswith(MEMBER_KEY):
+            result.append('rule priority="%d" family="%s" source address="%s" accept'
+                          % (FIREWALLD_PRIORITY["members"], family, rule["source"]))
+        elif rule["action"] == "allow":
+            result.append(
+                'rule priority="%d" family="%s" source address="%s" port port="%s" protocol="%s" accept'
+                % (FIREWALLD_PRIORITY["allow"], family, rule["source"], rule["port_range"], rule["proto"]))
+        else:
+            result.append('rule priority="%d" port port="%s" protocol="%s" reject'
+                          % (FIREWALLD_PRIORITY["deny"], rule["port_range"], rule["proto"]))
     return result
+
+
+def firewall_firewalld_zone_problem(interface, interface_zone, default_zone, wanted_zone):
+    """Why raymetal's rich rules in wanted_zone would not filter the fabric interface ('' when they do).
+
+    interface_zone: what `firewall-cmd --get-zone-of-interface` printed ('' when the interface is in no zone, so in
+    the default zone).
+    """
+    if interface in (None, "", "any"):
+        return ""
+    zone = (interface_zone or "").strip() or (default_zone or "").strip()
+    how = "is in zone %s" % zone if (interface_zone or "").strip() else "is in no zone, so in the default zone %s" % zone
+    fix = ("Fix: firewall-cmd --permanent --zone=%s --change-interface=%s && firewall-cmd --reload, "
+           "or set firewall_firewalld_zone to the zone %s is in (never trusted)" % (wanted_zone, interface, interface))
+    if zone == "trusted":
+        return ("fabric interface %s %s, which accepts everything from everyone: raymetal's rules would filter "
+                "nothing. %s." % (interface, how, fix.replace(" (never trusted)", "")))
+    if zone != wanted_zone:
+        return ("fabric interface %s %s, but raymetal's rules go into firewall_firewalld_zone=%s, which would not "
+                "filter it. %s." % (interface, how, wanted_zone, fix))
+    return ""
 
 
 _UFW_COMMENT = re.compile(r"comment '(raymetal[^']*)'")
@@ -277,7 +333,11 @@ def firewall_ufw_args(rule):
         args += ["in", "on", rule["interface"]]
     else:
         args += ["in"]
-    args += ["from", rule["source"], "to", "any", "port", rule["port"], "proto", rule["proto"]]
+    if rule.get("port"):
+        args += ["from", rule["source"], "to", "any", "port", rule["port"], "proto", rule["proto"]]
+    else:
+        # A member rule: every port and protocol from this source.
+        args += ["from", rule["source"]]
     args += ["comment", rule["key"]]
     return args
 
@@ -293,6 +353,8 @@ class FilterModule(object):
             "firewall_port_plan": firewall_port_plan,
             "firewall_rule_plan": firewall_rule_plan,
             "firewall_firewalld_rich_rules": firewall_firewalld_rich_rules,
+            "firewall_member_rules": firewall_member_rules,
+            "firewall_firewalld_zone_problem": firewall_firewalld_zone_problem,
             "firewall_ufw_added": firewall_ufw_added,
             "firewall_ufw_args": firewall_ufw_args,
             "firewall_ssh_rule": firewall_ssh_rule,

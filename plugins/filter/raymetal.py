@@ -121,6 +121,53 @@ def os_problems(hosts, hostvars, supported_families):
     return problems
 
 
+DOCUMENTATION_REMOVAL_PATH_PROBLEMS = """
+name: removal_path_problems
+short_description: Refuse paths that raymetal would remove as root but that a system or its users own
+description:
+  - Takes a dict of variable name to path, each a directory that raymetal creates and later removes
+    as root (the GCS store, the state, temp and config directories, a venv), and returns one readable
+    sentence per path that it must never remove (empty list when all are safe).
+  - Refused, with the variable named, are relative paths, paths with C(..) components, the root, every
+    top-level directory (C(/home), C(/var), ...), system directories one level further (C(/usr/lib),
+    C(/var/lib), C(/etc/systemd), ...) and users' homes (C(/home/NAME), C(/root)).
+"""
+
+# Directories two levels deep that hold the system's or other programs' files: never raymetal's.
+_SYSTEM_DIRS = frozenset("""
+/etc/systemd /etc/default /etc/security /etc/apt /etc/yum.repos.d /etc/ssh /etc/ssl /etc/pki /etc/sudoers.d
+/usr/bin /usr/sbin /usr/lib /usr/lib64 /usr/libexec /usr/local /usr/share /usr/include /usr/src
+/var/lib /var/log /var/cache /var/tmp /var/spool /var/opt /var/mail /var/backups /var/www /var/run /var/lock
+/run/user /boot/efi
+""".split())
+
+
+def removal_path_problems(paths):
+    """[sentence] for each path raymetal must not remove (see DOCUMENTATION_REMOVAL_PATH_PROBLEMS)."""
+    problems = []
+    for var, path in (paths or {}).items():
+        text = "" if path is None else str(path)
+        parts = [p for p in text.split("/") if p not in ("", ".")]
+        normal = "/" + "/".join(parts)
+        why = None
+        if not text.startswith("/"):
+            why = "is not an absolute path"
+        elif ".." in parts:
+            why = "contains '..'"
+        elif len(parts) < 2:
+            why = "is the root or a top-level directory of the system"
+        elif normal in _SYSTEM_DIRS:
+            why = "is a system directory"
+        elif (parts[0] == "home" and len(parts) == 2) or parts[0] == "root":
+            why = "is a user's home"
+        if why:
+            problems.append(
+                "%s=%s %s, and raymetal removes it as root (teardown, or a switch of fault tolerance): it must be "
+                "a directory of raymetal's own. Fix: keep the default or choose a new directory at least two levels "
+                "deep, such as /var/lib/ray/gcs or /srv/raymetal/NAME" % (var, text, why))
+    return problems
+
+
 class FilterModule:
     """raymetal filters."""
 
@@ -131,4 +178,5 @@ class FilterModule:
             "interface_of_ipv4": interface_of_ipv4,
             "node_software_lines": node_software_lines,
             "os_problems": os_problems,
+            "removal_path_problems": removal_path_problems,
         }

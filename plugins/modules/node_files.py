@@ -40,7 +40,7 @@ options:
       state:
         description:
           - C(file) writes O(files[].content); C(directory) makes a directory; C(absent) removes a file
-            (never a directory) that should no longer be there.
+            that should no longer be there, or a directory that carries O(files[].marker) (never one without).
         type: str
         choices: [file, directory, absent]
         default: file
@@ -60,6 +60,17 @@ options:
         description: Keep this entry out of the diff (a token, a password). Its content is still compared.
         type: bool
         default: false
+      marker:
+        description:
+          - A file name. With C(state=directory), a file of that name is written into the directory when
+            this module makes it (or finds it empty, or owned already by O(files[].owner), not root, as an
+            earlier raymetal left it); a directory that holds other files, lacks the marker and belongs to
+            someone else is refused, not taken over.
+          - With C(state=absent), a directory is removed with everything in it only if it carries the
+            marker; an empty one without it is removed too; one that holds files but no marker is refused
+            (the task fails and nothing is removed), so that a setting pointing at someone's data
+            (C(/home)) never deletes it.
+        type: str
       validate:
         description:
           - A command that checks the new content before it replaces the file, run on the temporary file
@@ -103,6 +114,8 @@ created:
 """
 
 import os
+import pwd
+import shutil
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
@@ -151,13 +164,58 @@ def _attributes(module, entry, changed):
     return changed
 
 
+MARKER_TEXT = b"Made by raymetal, which may empty or remove this directory. Do not keep other data here.\n"
+
+
+def _not_ours(path, marker):
+    return ("%s holds files but not raymetal's marker %s, so raymetal did not make it and will not remove or "
+            "take it over. Fix: point the setting at a new directory (raymetal makes it), or, if this directory "
+            "is raymetal's and holds nothing else, create the marker: touch %s"
+            % (path, marker, os.path.join(path, marker)))
+
+
+def _remove_dir(module, entry):
+    """Remove a directory that carries entry's marker (or is empty); returns (changed, created, diff)."""
+    path, marker = entry["path"], entry.get("marker")
+    if not marker:
+        module.fail_json(msg="%s is a directory; state=absent removes files only (or a directory with a marker)" % path)
+    if not os.path.lexists(os.path.join(path, marker)) and os.listdir(path):
+        module.fail_json(msg=_not_ours(path, marker), path=path)
+    if not module.check_mode:
+        shutil.rmtree(path)
+    return True, False, {"before_header": path, "after_header": path, "before": "(directory)\n",
+                         "after": "(absent)\n"}
+
+
+def _mark(module, entry, created):
+    """Write entry's marker into its directory where raymetal may claim it; returns whether it wrote one."""
+    path, marker = entry["path"], entry.get("marker")
+    if not marker:
+        return False
+    mark = os.path.join(path, marker)
+    if os.path.lexists(mark):
+        return False
+    if not created and os.listdir(path):
+        owner = entry.get("owner")
+        try:
+            owned = owner not in (None, "root") and pwd.getpwuid(os.stat(path).st_uid).pw_name == owner
+        except KeyError:
+            owned = False
+        if not owned:
+            module.fail_json(msg=_not_ours(path, marker), path=path)
+    if not module.check_mode:
+        _write(module, mark, MARKER_TEXT)
+        os.chmod(mark, 0o444)
+    return True
+
+
 def put(module, entry):
     """Put one entry in place; returns (changed, created, diff or None)."""
     path = entry["path"]
     check = module.check_mode
     if entry["state"] == "absent":
-        if os.path.isdir(path):
-            module.fail_json(msg="%s is a directory; state=absent removes files only" % path)
+        if os.path.isdir(path) and not os.path.islink(path):
+            return _remove_dir(module, entry)
         if not os.path.lexists(path):
             return False, False, None
         if not check:
@@ -166,7 +224,8 @@ def put(module, entry):
                              "after": "(absent)\n"}
     if entry["state"] == "directory":
         if os.path.isdir(path):
-            return _attributes(module, entry, False), False, None
+            marked = _mark(module, entry, False)
+            return _attributes(module, entry, marked), False, None
         if os.path.exists(path):
             module.fail_json(msg="%s exists and is not a directory; remove it or choose another path" % path)
         if check:
@@ -174,6 +233,7 @@ def put(module, entry):
                                 "after": "(directory)\n"}
         os.makedirs(path)
         _attributes(module, entry, True)
+        _mark(module, entry, True)
         return True, True, None
     if entry.get("content") is None:
         module.fail_json(msg="files: %s has state=file but no content" % path)
@@ -210,6 +270,7 @@ def main():
                 mode=dict(type="raw"),
                 secret=dict(type="bool", default=False, no_log=False),
                 validate=dict(type="str"),
+                marker=dict(type="str"),
             )),
         ),
         supports_check_mode=True,

@@ -223,11 +223,15 @@ def test_firewalld_rich_rules():
     cluster = fw.firewall_split_sources(["10.231.20.10", "fd00::7"])
     rules = fw.firewall_rule_plan(RAY_PORTS[:1] + RAY_PORTS[-1:], "head", "ib0", cluster)
     rich = fw.firewall_firewalld_rich_rules(rules)
+    # Issue 35: with priorities (accepts, then rejects, then the members' accept on every port), and the
+    # per-port rejects the zone's target used to stand in for (members reach every other port now).
     assert rich == [
-        'rule family="ipv4" source address="10.231.20.10" port port="6379" protocol="tcp" accept',
-        'rule family="ipv6" source address="fd00::7" port port="6379" protocol="tcp" accept',
-        'rule family="ipv4" source address="10.231.20.10" port port="10002-19999" protocol="tcp" accept',
-        'rule family="ipv6" source address="fd00::7" port port="10002-19999" protocol="tcp" accept',
+        'rule priority="-30" family="ipv4" source address="10.231.20.10" port port="6379" protocol="tcp" accept',
+        'rule priority="-30" family="ipv6" source address="fd00::7" port port="6379" protocol="tcp" accept',
+        'rule priority="-30" family="ipv4" source address="10.231.20.10" port port="10002-19999" protocol="tcp" accept',
+        'rule priority="-30" family="ipv6" source address="fd00::7" port port="10002-19999" protocol="tcp" accept',
+        'rule priority="-20" port port="6379" protocol="tcp" reject',
+        'rule priority="-20" port port="10002-19999" protocol="tcp" reject',
     ]
 
 
@@ -338,3 +342,182 @@ def test_the_rendered_table_passes_nft_check(members_only, tmp_path):
     if proc.returncode != 0 and ("Operation not permitted" in proc.stderr or "netlink" in proc.stderr.lower()):
         pytest.skip("nft -c needs netlink here (not root, or no CAP_NET_ADMIN): %s" % proc.stderr.strip())
     assert proc.returncode == 0, proc.stderr
+
+
+# --- Issue 35: ufw and firewalld give members the reach the nftables table gives them ---------------------------
+#
+# The rendered rules of each backend are evaluated as the backend would: nftables's chain in order with policy
+# accept; ufw's rules first match with its default deny incoming; firewalld's rich rules by priority, then the
+# zone's reject. Members must reach every port of a node on the fabric exactly as under nftables; nobody may reach
+# more under ufw or firewalld than under nftables.
+
+import ipaddress as _ip
+import re as _re
+
+MEMBERS = ["10.231.20.10", "10.231.20.11", "fd00::11"]
+OUTSIDER = "10.231.20.99"
+PORTS_35 = RAY_PORTS + [
+    {"name": "gcs_redis", "port": 6390, "sources": ["10.231.20.10"]},  # the Redis port: the head only
+    {"name": "autoscaler_metrics", "port": 44217, "scope": "closed"},
+]
+# Listed ports, and ports nothing lists: torch.distributed's rendezvous, iperf3, an NCCL bootstrap port.
+PROBES = [(p, "tcp") for p in (6379, 6380, 6384, 6390, 8265, 10005, 44217, 52365, 29500, 5201, 45123)] + [
+    (5201, "udp"), (45123, "udp")]
+
+
+def _j2(name, **context):
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROOT / "roles" / "firewall" / "templates")),
+                             trim_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters["bool"] = lambda value: str(value).lower() in ("true", "1", "yes", "on")
+    env.filters["raymetal.cluster.firewall_ufw_args"] = fw.firewall_ufw_args
+    return env.get_template(name).render(inventory_hostname="worker1", firewall_node_role="head", **context)
+
+
+def _plan35(iface="ib0"):
+    cluster = fw.firewall_split_sources(MEMBERS)
+    return (fw.firewall_rule_plan(PORTS_35, "head", iface, cluster, fw.firewall_split_sources([]),
+                                  fw.firewall_split_sources([]), False),
+            fw.firewall_member_rules(cluster, iface))
+
+
+def _in(source, spec):
+    return any(_ip.ip_address(source) in _ip.ip_network(s.strip(), strict=False) for s in spec.split(","))
+
+
+def _port_in(port, spec):
+    lo, _, hi = spec.replace(":", "-").partition("-")
+    return int(lo) <= port <= int(hi or lo)
+
+
+def nft_verdict(table, source, port, proto, iface="ib0"):
+    sets = {m.group(1): m.group(2) for m in _re.finditer(r"set (\w+) \{[^}]*elements = \{ ([^}]*) \}", table)}
+    chain = table[table.index("chain input"):]
+    for line in chain_lines(chain)[2:]:
+        m = _re.match(r'(?:(tcp|udp) dport (\S+) )?(?:iifname "(\S+)" )?(?:(?:ip6?) saddr (\S+|\{ [^}]* \}) )?'
+                      r'(?:tcp dport (\d+) )?(?:icmpv6 .* )?(accept|drop)$', line)
+        if not m or "icmpv6" in line or "ct state" in line:
+            continue
+        lproto, lport, liface, lsrc, ssh, action = m.groups()
+        if lproto and (lproto != proto or not _port_in(port, lport)):
+            continue
+        if ssh and (proto != "tcp" or port != int(ssh)):
+            continue
+        if liface and liface != iface:
+            continue
+        if lsrc:
+            spec = sets[lsrc[1:]] if lsrc.startswith("@") else lsrc.strip("{} ")
+            if (":" in source) != lsrc.endswith("_v6") and lsrc.startswith("@") or not _in(source, spec):
+                continue
+        return action == "accept"
+    return True  # policy accept
+
+
+def ufw_verdict(record, source, port, proto, iface="ib0"):
+    for line in record.splitlines():
+        if not line.startswith("ufw "):
+            continue
+        args = line.split()[1:]
+        action, rest = args[0], args[1:]
+        if rest[:2] == ["in", "on"]:
+            if rest[2] != iface:
+                continue
+        if "from" in rest and rest[rest.index("from") + 1] != "any" and not (
+                (":" in source) == (":" in rest[rest.index("from") + 1]) and _in(source, rest[rest.index("from") + 1])):
+            continue
+        if "port" in rest and not (_port_in(port, rest[rest.index("port") + 1]) and rest[rest.index("proto") + 1] == proto):
+            continue
+        return action == "allow"
+    return False  # ufw's default: deny incoming
+
+
+def firewalld_verdict(record, source, port, proto):
+    rules = []
+    for line in record.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        rule = line.split(" ", 1)[1]
+        prio = int(_re.search(r'priority="(-?\d+)"', rule).group(1)) if "priority=" in rule else 0
+        rules.append((prio, rule))
+    for _, rule in sorted(rules, key=lambda r: r[0]):
+        fam = _re.search(r'family="(ipv\d)"', rule)
+        if fam and (fam.group(1) == "ipv6") != (":" in source):
+            continue
+        src = _re.search(r'source address="([^"]+)"', rule)
+        if src and not _in(source, src.group(1)):
+            continue
+        prt = _re.search(r'port port="([^"]+)" protocol="(\w+)"', rule)
+        if prt and not (_port_in(port, prt.group(1)) and prt.group(2) == proto):
+            continue
+        return rule.endswith("accept")
+    return False  # the zone's target (public: reject)
+
+
+def _tables():
+    plan, members = _plan35()
+    table = _j2("firewall.nft.j2", __firewall_nft_bin="/usr/sbin/nft",
+                __firewall_plan=fw.firewall_port_plan(PORTS_35, "head"),
+                __firewall_sets={"cluster": fw.firewall_split_sources(MEMBERS),
+                                 "admin": fw.firewall_split_sources([]), "prometheus": fw.firewall_split_sources([])},
+                firewall_metrics_sources=[], firewall_interface="ib0", firewall_ssh_port=22,
+                firewall_fabric_members_only=False)
+    ufw = _j2("firewall-ufw.rules.j2", __firewall_ufw_wanted=[fw.firewall_ssh_rule(22)] + plan + members)
+    fwd = _j2("firewall-firewalld.rules.j2",
+              __firewall_firewalld_wanted=["public " + r for r in fw.firewall_firewalld_rich_rules(plan + members)])
+    return table, ufw, fwd
+
+
+@pytest.mark.parametrize("source", MEMBERS)
+def test_ufw_and_firewalld_give_members_the_reach_nftables_gives(source):
+    table, ufw, fwd = _tables()
+    for port, proto in PROBES:
+        nft = nft_verdict(table, source, port, proto)
+        assert ufw_verdict(ufw, source, port, proto) == nft, ("ufw", source, port, proto, nft)
+        assert firewalld_verdict(fwd, source, port, proto) == nft, ("firewalld", source, port, proto, nft)
+    # What nftables gives members: every port nothing lists, and the Redis port to the head alone, no closed port.
+    assert nft_verdict(table, source, 29500, "tcp") and nft_verdict(table, source, 45123, "udp")
+    assert nft_verdict(table, source, 6390, "tcp") == (source == "10.231.20.10")
+    assert not nft_verdict(table, source, 44217, "tcp")
+
+
+def test_ufw_and_firewalld_admit_an_outsider_nowhere_that_nftables_refuses_it():
+    table, ufw, fwd = _tables()
+    for port, proto in PROBES:
+        nft = nft_verdict(table, OUTSIDER, port, proto)
+        assert not (ufw_verdict(ufw, OUTSIDER, port, proto) and not nft), (port, proto)
+        assert not (firewalld_verdict(fwd, OUTSIDER, port, proto) and not nft), (port, proto)
+    assert not ufw_verdict(ufw, OUTSIDER, 6380, "tcp") and not firewalld_verdict(fwd, OUTSIDER, 6380, "tcp")
+
+
+def test_member_rules_come_after_every_deny_in_the_ufw_record():
+    _, ufw, _ = _tables()
+    lines = [line for line in ufw.splitlines() if line.startswith("ufw ")]
+    last_deny = max(i for i, line in enumerate(lines) if line.startswith("ufw deny"))
+    members = [i for i, line in enumerate(lines) if "raymetal:fabric-members:" in line]
+    assert members and min(members) > last_deny
+    assert lines[members[0]] == "ufw allow in on ib0 from 10.231.20.10 comment raymetal:fabric-members:ib0:10.231.20.10"
+
+
+def test_member_rules_round_trip_through_ufw_show_added():
+    rule = fw.firewall_member_rules(fw.firewall_split_sources(["10.231.20.11"]), "ib0")[0]
+    line = "ufw " + " ".join(fw.firewall_ufw_args(rule)[:-2]) + " comment '%s'" % rule["key"]
+    assert fw.firewall_ufw_added(line) == [{"key": rule["key"], "args": fw.firewall_ufw_args(rule)}]
+    assert fw.firewall_member_rules(fw.firewall_split_sources(["fd00::1"]), "any")[0]["key"] == \
+        "raymetal:fabric-members:any:fd00::1"
+
+
+@pytest.mark.parametrize("iface_zone, default, problem", [
+    ("public", "public", ""),
+    ("", "public", ""),
+    ("trusted", "public", "is in zone trusted, which accepts everything"),
+    ("", "trusted", "in no zone, so in the default zone trusted, which accepts everything"),
+    ("internal", "public", "is in zone internal, but raymetal's rules go into firewall_firewalld_zone=public"),
+])
+def test_firewalld_refuses_a_fabric_interface_outside_its_zone_or_in_trusted(iface_zone, default, problem):
+    found = fw.firewall_firewalld_zone_problem("ib0", iface_zone, default, "public")
+    if not problem:
+        assert found == ""
+    else:
+        assert problem in found and "Fix: firewall-cmd --permanent --zone=public --change-interface=ib0" in found
+    assert fw.firewall_firewalld_zone_problem("any", "trusted", "trusted", "public") == ""

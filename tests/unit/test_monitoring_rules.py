@@ -217,3 +217,24 @@ def test_the_head_tells_its_dashboard_where_prometheus_and_grafana_are(rendered)
     assert "RAY_GRAFANA_IFRAME_HOST=http://127.0.0.1:3000" in head
     worker = (rendered / "ray.env.worker1").read_text()
     assert "RAY_GRAFANA_HOST" not in worker and "RAY_PROMETHEUS_HOST" not in worker
+
+
+def test_grafana_has_no_default_admin_password_and_no_anonymous_viewer(rendered):
+    """Was admin/admin with anonymous Viewer on (issue 35)."""
+    env = dict(line.split("=", 2)[1:] for line in (rendered / "grafana.dropin.conf").read_text().splitlines()
+               if line.startswith("Environment=GF_"))
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert "GF_AUTH_ANONYMOUS_ORG_ROLE" not in env
+    assert env["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/etc/grafana/raymetal-admin-password"
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in env
+    tasks = yaml.safe_load((ROOT / "roles" / "monitoring" / "tasks" / "grafana.yml").read_text())
+    block = next(t for t in tasks if "block" in t)["block"]
+    made = next(t for t in block if "ansible.builtin.set_fact" in t)
+    assert made["no_log"] is True
+    assert "lookup('ansible.builtin.password', monitoring_grafana_admin_password_file" in \
+        made["ansible.builtin.set_fact"]["__monitoring_grafana_admin_password"]
+    kept = next(t for t in block if t.get("register") == "__monitoring_grafana_password_file")
+    assert kept["ansible.builtin.copy"]["mode"] == "0640" and kept["ansible.builtin.copy"]["owner"] == "root"
+    assert kept["no_log"] is True and kept["diff"] is False
+    reset = next(t for t in block if "grafana-cli" in str(t.get("ansible.builtin.command", "")))
+    assert reset["no_log"] is True and "__monitoring_grafana_password_file is changed" in reset["when"]

@@ -151,3 +151,59 @@ def test_validate_checks_new_content_before_it_replaces_the_file(tmp_path):
     entry["content"] = "table inet raymetal { x }\n"
     assert run([entry], check=True)["changed_paths"] == [str(path)]
     assert path.read_text() == "table inet raymetal {}\n"
+
+
+# --- marker: a directory raymetal may remove is one it marked when it made it (issue 35) ---
+
+MARK = ".raymetal-gcs-store"
+
+
+def test_a_directory_made_with_a_marker_carries_it_and_is_removed_with_everything_in_it(tmp_path):
+    store = tmp_path / "gcs"
+    entry = {"path": str(store), "state": "directory", "mode": "0700", "marker": MARK}
+    assert run([entry])["created"] == [str(store)]
+    assert (store / MARK).is_file()
+    assert run([entry])["changed"] is False
+    (store / "000012.sst").write_text("rocksdb")
+    result = run([{"path": str(store), "state": "absent", "marker": MARK}])
+    assert result["changed_paths"] == [str(store)] and not store.exists()
+    assert run([{"path": str(store), "state": "absent", "marker": MARK}])["changed"] is False
+
+
+def test_a_directory_of_someone_elses_files_is_never_removed_nor_taken_over(tmp_path):
+    home = tmp_path / "home"
+    (home / "alice").mkdir(parents=True)
+    (home / "alice" / "thesis.tex").write_text("years of work")
+    for entry in ({"path": str(home), "state": "absent", "marker": MARK},
+                  {"path": str(home), "state": "directory", "owner": "root", "marker": MARK}):
+        outcome, result = run_module(node_files, {"files": [entry]})
+        assert outcome is FailJson
+        assert "not raymetal's marker" in result["msg"] and str(home) in result["msg"]
+    assert (home / "alice" / "thesis.tex").read_text() == "years of work"
+    assert not (home / MARK).exists()
+
+
+def test_check_mode_removes_nothing_and_an_empty_unmarked_directory_may_go(tmp_path):
+    store = tmp_path / "gcs"
+    run([{"path": str(store), "state": "directory", "marker": MARK}])
+    assert run([{"path": str(store), "state": "absent", "marker": MARK}], check=True)["changed"] is True
+    assert (store / MARK).exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run([{"path": str(empty), "state": "absent", "marker": MARK}])["changed"] is True
+    assert not empty.exists()
+
+
+def test_a_directory_is_never_removed_without_a_marker_option(tmp_path):
+    (tmp_path / "d").mkdir()
+    outcome, result = run_module(node_files, {"files": [{"path": str(tmp_path / "d"), "state": "absent"}]})
+    assert outcome is FailJson and "removes files only" in result["msg"]
+
+
+def test_a_sticky_mode_is_set_and_then_left_alone(tmp_path):
+    entry = {"path": str(tmp_path / "tmp"), "state": "directory", "mode": "1770"}
+    assert run([entry])["changed"] is True
+    assert "%04o" % stat.S_IMODE(os.stat(entry["path"]).st_mode) == "1770"
+    assert run([entry])["changed"] is False
+    os.chmod(entry["path"], 0o777)
+    assert run([entry])["changed_paths"] == [entry["path"]]

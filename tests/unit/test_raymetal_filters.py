@@ -100,3 +100,16 @@ def test_os_problems_names_each_host_that_raymetal_cannot_deploy_on():
         "arch": "Archlinux rolling (Archlinux family) is not supported",
     }
     assert f.os_problems([], hostvars, ["Debian"]) == {}
+
+
+def test_removal_path_problems_refuses_what_raymetal_did_not_make():
+    bad = {"ray_gcs_storage_path": "/home", "a": "/", "b": "/var/lib", "c": "/home/alice", "d": "/root/x",
+           "e": "relative/gcs", "f": "/var/lib/ray/../../..", "g": "/usr/", "h": "//etc//systemd/"}
+    problems = f.removal_path_problems(bad)
+    assert len(problems) == len(bad)
+    assert problems[0].startswith("ray_gcs_storage_path=/home is the root or a top-level directory")
+    assert all("Fix:" in p for p in problems)
+    good = {"ray_gcs_storage_path": "/var/lib/ray/gcs", "ray_state_dir": "/var/lib/ray", "ray_config_dir": "/etc/ray",
+            "ray_temp_dir": "/var/lib/ray/tmp", "ray_venv_path": "/opt/ray/venv",
+            "ray_wheelhouse_dir": "/var/cache/raymetal/wheelhouse", "x": "/srv/raymetal/gcs"}
+    assert f.removal_path_problems(good) == []

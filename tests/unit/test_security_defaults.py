@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import re
 import pathlib
 
 import yaml
@@ -37,3 +38,107 @@ def test_wheelhouse_rsync_checks_host_keys_like_ansible_does():
         assert syncs, task_file
         for sync in syncs:
             assert sync.get("verify_host") is True and sync.get("use_ssh_args") is True, (task_file, sync)
+
+
+def _ray_tasks():
+    for path in sorted((ROOT / "roles" / "ray" / "tasks").glob("*.yml")):
+        for task in yaml.safe_load(path.read_text()) or []:
+            for t in task.get("block", [task]):
+                yield path.name, t
+
+
+def test_the_ray_role_removes_the_gcs_store_only_through_its_marker():
+    """A directory the user named (ray_gcs_storage_path: /home) is never removed with file: state=absent or find -delete."""
+    for name, task in _ray_tasks():
+        text = yaml.safe_dump(task)
+        if "ray_gcs_storage_path" in text or "__ray_gcs_store_renew" in text:
+            assert "ansible.builtin.file" not in task and "-delete" not in text, (name, task["name"])
+    rvars = yaml.safe_load((ROOT / "roles" / "ray" / "vars" / "main.yml").read_text())
+    for entry in rvars["__ray_gcs_store_renew"]:
+        assert entry["marker"] == "{{ __ray_gcs_store_marker }}"
+    assert {"ray_gcs_storage_path", "ray_state_dir", "ray_temp_dir", "ray_config_dir", "ray_venv_path",
+            "ray_wheelhouse_dir"} <= set(rvars["__ray_removed_dirs"])
+    for task_file in ("preflight.yml", "teardown.yml"):
+        assert "__ray_removed_dirs | raymetal.cluster.removal_path_problems" in (
+            ROOT / "roles" / "ray" / "tasks" / task_file).read_text(), task_file
+
+
+def test_teardowns_remove_a_file_setting_only_as_a_file():
+    """nccl_conf_path: /etc or acceptance_state_file: /home would have removed a tree with file: state=absent."""
+    for role, var in (("nccl", "nccl_conf_path"), ("acceptance", "acceptance_state_file")):
+        tasks = yaml.safe_load((ROOT / "roles" / role / "tasks" / "teardown.yml").read_text())
+        for task in tasks:
+            if "{{ %s }}" % var in yaml.safe_dump(task):
+                assert "ansible.builtin.file" not in task, (role, task["name"])
+
+
+def test_ray_temp_dir_is_sticky_closed_to_others_and_owned_by_root_so_ray_cannot_reopen_it():
+    """Was ray:ray 0777 (issue 35): anyone could remove or replace Ray's session directories. Ray 2.60 chmods a temp
+    dir it owns back to 0777 at every start, so the owner must be root (and the mode then stays: idempotent)."""
+    tasks = yaml.safe_load((ROOT / "roles" / "ray" / "tasks" / "configure.yml").read_text())
+    dirs = next(t for t in tasks if "node_files" in t)["vars"]["__ray_config_dirs"]
+    temp = next(d for d in dirs if d["path"] == "{{ ray_temp_dir }}")
+    assert (temp["owner"], temp["group"], temp["mode"]) == ("root", "{{ ray_group }}", "1770")
+    mode = int(temp["mode"], 8)
+    assert mode & 0o1000 and not mode & 0o007
+
+
+SECRET_NAME = re.compile(r"(password|token|secret)$")
+
+
+def test_every_secret_variable_is_no_log_in_its_argument_spec():
+    """ray_auth_token had no no_log (issue 35): a failed validation printed it."""
+    secrets = []
+    for spec_path in sorted((ROOT / "roles").glob("*/meta/argument_specs.yml")):
+        spec = yaml.safe_load(spec_path.read_text())["argument_specs"]
+        for entry_point in spec.values():
+            for name, option in (entry_point.get("options") or {}).items():
+                if SECRET_NAME.search(name):
+                    secrets.append(name)
+                    assert option.get("no_log") is True, (spec_path.parent.parent.name, name)
+    assert "ray_auth_token" in secrets and "ray_gcs_redis_password" in secrets
+
+
+def test_ray_env_and_the_token_never_show_in_a_diff():
+    """ray.env was secret only while Redis was on: the run that turned it off printed the password as the old content."""
+    tasks = yaml.safe_load((ROOT / "roles" / "ray" / "tasks" / "configure.yml").read_text())
+    files = next(t for t in tasks if "node_files" in t)["vars"]["__ray_config_files"]
+    env = next(f for f in files if f["path"] == "{{ ray_config_dir }}/ray.env")
+    assert env["secret"] is True
+    token = next(t for t in tasks if t.get("register") == "__ray_token_file")
+    assert token["no_log"] is True and token["diff"] is False
+
+
+def test_redis_config_is_roots_and_config_rewrite_cannot_persist():
+    """Was redis:redis 0640 (issue 35): CONFIG SET requirepass "" + CONFIG REWRITE survived a restart."""
+    tasks = yaml.safe_load((ROOT / "roles" / "gcs_redis" / "tasks" / "main.yml").read_text())
+    block = next(t for t in tasks if "block" in t)["block"]
+    files = next(t for t in block if "node_files" in t)["node_files"]["files"]
+    conf = next(f for f in files if f["path"] == "{{ __gcs_redis_conf }}")
+    assert (conf["owner"], conf["group"], conf["mode"], conf["secret"]) == ("root", "redis", "0640", True)
+    template = (ROOT / "roles" / "gcs_redis" / "templates" / "raymetal-gcs.conf.j2").read_text()
+    assert 'rename-command CONFIG ""' in template.splitlines()
+
+
+def _assert_holds(task, **variables):
+    import jinja2
+    env = jinja2.Environment()
+    env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).lower() in ("true", "yes", "1", "on")
+    return all(env.compile_expression(cond)(**variables) for cond in task["ansible.builtin.assert"]["that"])
+
+
+def test_an_unsigned_apt_mirror_needs_an_explicit_acknowledgement():
+    """package_mirror_apt_trusted: true was accepted anywhere (issue 35): unsigned packages installed as root."""
+    tasks = yaml.safe_load((ROOT / "roles" / "package_mirror" / "tasks" / "main.yml").read_text())
+    check = next(t for t in tasks if "acknowledges" in t["name"])
+    site = {"package_mirror_apt_url": "http://mirror.example.org/", "package_mirror_apt_trusted": True,
+            "package_mirror_apt_trusted_acknowledged": False}
+    assert not _assert_holds(check, **site)
+    assert "package_mirror_apt_trusted_acknowledged: true" in check["ansible.builtin.assert"]["fail_msg"]
+    assert _assert_holds(check, **dict(site, package_mirror_apt_trusted_acknowledged=True))
+    assert _assert_holds(check, **dict(site, package_mirror_apt_trusted=False))
+    assert _assert_holds(check, **dict(site, package_mirror_apt_url=""))
+    defaults = yaml.safe_load((ROOT / "roles" / "package_mirror" / "defaults" / "main.yml").read_text())
+    assert defaults["package_mirror_apt_trusted_acknowledged"] is False
+    lab = yaml.safe_load((ROOT / "inventory" / "lab" / "group_vars" / "ray_cluster.yml").read_text())
+    assert lab["package_mirror_apt_trusted"] is True and lab["package_mirror_apt_trusted_acknowledged"] is True

@@ -91,8 +91,28 @@ unit datacenter-gpu-manager-exporter nvidia-dcgm-exporter.service \
 
 stand_in grafana
 server "$BUILD/grafana/usr/bin/grafana-server-standin"
-mkdir -p "$BUILD/grafana/etc/grafana/provisioning"
+mkdir -p "$BUILD/grafana/etc/grafana/provisioning" "$BUILD/grafana/usr/sbin"
 unit grafana grafana-server.service "/usr/bin/grafana-server-standin"
+# As the real package: a grafana system user and group (the role's password
+# file is root:grafana), and grafana-cli, whose reset-admin-password the role
+# runs; the stand-in keeps the password it is given where verify can read it.
+cat >"$BUILD/grafana/DEBIAN/postinst" <<'SH'
+#!/bin/sh
+set -e
+getent group grafana >/dev/null || groupadd --system grafana
+getent passwd grafana >/dev/null || useradd --system --gid grafana --home-dir /usr/share/grafana --shell /usr/sbin/nologin grafana
+SH
+chmod 0755 "$BUILD/grafana/DEBIAN/postinst"
+cat >"$BUILD/grafana/usr/sbin/grafana-cli" <<'SH'
+#!/bin/sh
+# TEST STAND-IN (raymetal molecule): grafana-cli admin reset-admin-password --password-from-stdin
+set -eu
+[ "$*" = "admin reset-admin-password --password-from-stdin" ] || { echo "stand-in: unexpected arguments: $*" >&2; exit 2; }
+mkdir -p /var/lib/grafana
+umask 077
+cat >/var/lib/grafana/standin-admin-password
+SH
+chmod 0755 "$BUILD/grafana/usr/sbin/grafana-cli"
 
 # The lab's packages, unchanged, and their index entries; then the stand-ins'.
 rm -f "$SITE"/*.deb
