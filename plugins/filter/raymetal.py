@@ -121,18 +121,6 @@ def os_problems(hosts, hostvars, supported_families):
     return problems
 
 
-DOCUMENTATION_REMOVAL_PATH_PROBLEMS = """
-name: removal_path_problems
-short_description: Refuse paths that raymetal would remove as root but that a system or its users own
-description:
-  - Takes a dict of variable name to path, each a directory that raymetal creates and later removes
-    as root (the GCS store, the state, temp and config directories, a venv), and returns one readable
-    sentence per path that it must never remove (empty list when all are safe).
-  - Refused, with the variable named, are relative paths, paths with C(..) components, the root, every
-    top-level directory (C(/home), C(/var), ...), system directories one level further (C(/usr/lib),
-    C(/var/lib), C(/etc/systemd), ...) and users' homes (C(/home/NAME), C(/root)).
-"""
-
 # Directories two levels deep that hold the system's or other programs' files: never raymetal's.
 _SYSTEM_DIRS = frozenset("""
 /etc/systemd /etc/default /etc/security /etc/apt /etc/yum.repos.d /etc/ssh /etc/ssl /etc/pki /etc/sudoers.d
@@ -143,7 +131,7 @@ _SYSTEM_DIRS = frozenset("""
 
 
 def removal_path_problems(paths):
-    """[sentence] for each path raymetal must not remove (see DOCUMENTATION_REMOVAL_PATH_PROBLEMS)."""
+    """[sentence] for each path raymetal must not remove (plugins/filter/removal_path_problems.yml)."""
     problems = []
     for var, path in (paths or {}).items():
         text = "" if path is None else str(path)
