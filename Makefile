@@ -12,10 +12,10 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 # Molecule scenarios run by `make test`, one after another.
-MOLECULE_SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
+MOLECULE_SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard extensions/molecule/*/molecule.yml))))
 # The cluster scenario runs once per Debian release, the others on Debian 12;
 # each release's run has instance names and networks of its own
-# (molecule/cluster/molecule.yml), so that the two never meet.
+# (extensions/molecule/cluster/molecule.yml), so that the two never meet.
 MOLECULE_CLUSTER_RELEASES ?= bookworm trixie
 MOLECULE_CLUSTER_ENV_bookworm ?=
 MOLECULE_CLUSTER_ENV_trixie ?= MOLECULE_CLUSTER_PREFIX=mc13 MOLECULE_CLUSTER_MGMT=10.231.161 MOLECULE_CLUSTER_FABRIC=10.231.171

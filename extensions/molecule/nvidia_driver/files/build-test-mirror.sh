@@ -23,7 +23,7 @@ Maintainer: raymetal tests <tests@raymetal.invalid>
 Section: misc
 Priority: optional
 Description: TEST STAND-IN for $name (raymetal molecule), not the real package
- Built by molecule/nvidia_driver/files/build-test-mirror.sh. Contains no driver.
+ Built by extensions/molecule/nvidia_driver/files/build-test-mirror.sh. Contains no driver.
 CONTROL
   echo "TEST STAND-IN for $name, built for the raymetal nvidia_driver molecule scenario." \
     >"$root/usr/share/doc/$name/RAYMETAL-TEST-STAND-IN"

@@ -27,7 +27,7 @@ Depends: python3
 Section: misc
 Priority: optional
 Description: TEST STAND-IN for $name (raymetal molecule), not the real package
- Built by molecule/monitoring/files/build-site-mirror.sh. Contains no $name.
+ Built by extensions/molecule/monitoring/files/build-site-mirror.sh. Contains no $name.
 CONTROL
   echo "TEST STAND-IN for $name, built for the raymetal monitoring molecule scenario." \
     >"$root/usr/share/doc/$name/RAYMETAL-TEST-STAND-IN"
