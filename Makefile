@@ -65,7 +65,7 @@ lint: venv ## Role READMEs up to date with their specs, yamllint, ansible-lint (
 	$(BIN)/ansible-lint --strict
 
 unit: venv deps ## Unit tests (modules, filters, fixtures)
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q -p no:cacheprovider --junitxml=artifacts/junit-unit.xml tests/unit
 
 molecule: venv lab-prep ## Molecule scenarios (each with its idempotence step; cluster on Debian 12 and 13)
 	@export RAYMETAL_CACHE=$${RAYMETAL_CACHE:-$$HOME/.cache/raymetal}; \
@@ -85,19 +85,23 @@ E2E_LABS ?= 2
 e2e: deps venv lab-prep ## End-to-end tests against the lab (E2E_LABS labs side by side, default 2)
 	@E2E_LABS=$(E2E_LABS) bash tools/e2e.sh
 
-test: ## Everything CI runs: lint and unit while the lab image builds, then molecule beside the lab end-to-end tests; cleans up
-	@rc=0; \
-	$(MAKE) --no-print-directory deps venv || rc=$$?; \
+test: ## Everything CI runs: lab prep, then molecule beside the lab end-to-end tests, with lint and unit beside them; a table of phases and the slowest tests at the end
+	@rm -rf artifacts; mkdir -p artifacts; rc=0; \
+	tools/timed.sh "setup: OS packages, venv" $(MAKE) --no-print-directory deps venv || rc=$$?; \
 	if [ $$rc -eq 0 ]; then \
-	  mkdir -p artifacts; rm -f artifacts/lab-prep.rc; \
-	  echo "=== the lab's image, wheelhouse and package mirror are built beside lint and unit (artifacts/lab-prep.log)"; \
-	  ( $(MAKE) --no-print-directory lab-prep > artifacts/lab-prep.log 2>&1; echo $$? > artifacts/lab-prep.rc ) & prep=$$!; \
-	  $(MAKE) --no-print-directory lint unit || rc=$$?; \
-	  wait $$prep; echo "=== lab image, wheelhouse and mirror (artifacts/lab-prep.log)"; cat artifacts/lab-prep.log; \
-	  [ "$$(cat artifacts/lab-prep.rc 2>/dev/null)" = 0 ] || rc=1; \
+	  echo "=== lint and unit run beside the lab's preparation and the lab tests (artifacts/lint.log, artifacts/unit.log)"; \
+	  ( tools/timed.sh lint $(MAKE) --no-print-directory lint > artifacts/lint.log 2>&1; echo $$? > artifacts/lint.rc ) & lintp=$$!; \
+	  ( tools/timed.sh unit $(MAKE) --no-print-directory unit > artifacts/unit.log 2>&1; echo $$? > artifacts/unit.rc ) & unitp=$$!; \
+	  echo "=== the lab's image, wheelhouse and package mirror (artifacts/lab-prep.log)"; \
+	  tools/timed.sh "lab prep: images, wheelhouses, mirrors" $(MAKE) --no-print-directory lab-prep > artifacts/lab-prep.log 2>&1 || rc=1; \
+	  cat artifacts/lab-prep.log; \
+	  [ $$rc -ne 0 ] || $(MAKE) --no-print-directory test-labs || rc=$$?; \
+	  wait $$lintp $$unitp; \
+	  for step in lint unit; do echo "=== $$step (artifacts/$$step.log)"; cat artifacts/$$step.log; \
+	    [ "$$(cat artifacts/$$step.rc 2>/dev/null)" = 0 ] || { echo "=== $$step FAILED"; rc=1; }; done; \
 	fi; \
-	[ $$rc -ne 0 ] || $(MAKE) --no-print-directory test-labs || rc=$$?; \
 	$(MAKE) --no-print-directory lab-down || true; \
+	$(BIN)/python tools/suite_report.py artifacts 2>/dev/null || python3 tools/suite_report.py artifacts || true; \
 	exit $$rc
 
 # What molecule and the labs share, built once per Debian release (each step is cached).

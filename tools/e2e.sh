@@ -37,10 +37,10 @@ run_lab() {
   local -a vars
   read -r -a vars <<<"$(lab_env "$n")"
   echo "=== lab $n/$LABS: ${vars[*]}"
-  env "${vars[@]}" bash lab/lab.sh up || return 1
+  tools/timed.sh "lab $n: up" env "${vars[@]}" bash lab/lab.sh up || return 1
   local rc=0
-  env "${vars[@]}" RAYMETAL_E2E_LAB="$n/$LABS" .venv/bin/pytest -q --durations=20 -p no:cacheprovider \
-    tests/lab "$@" || rc=$?
+  tools/timed.sh "lab $n: end-to-end tests" env "${vars[@]}" RAYMETAL_E2E_LAB="$n/$LABS" RAYMETAL_TEST_COST="$ROOT/artifacts/cost-lab$n.tsv" .venv/bin/pytest -q \
+    --durations=20 -p no:cacheprovider --junitxml="artifacts/junit-lab$n.xml" tests/lab "$@" || rc=$?
   # 5: no test prefers this lab (more labs than the modules ask for).
   ((rc != 5)) || { echo "no test module runs on lab $n"; rc=0; }
   return "$rc"

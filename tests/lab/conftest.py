@@ -10,7 +10,11 @@ it every module runs, on whatever lab LAB_PREFIX names.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
+import subprocess
+import time
 
 import pytest
 
@@ -49,6 +53,52 @@ def cluster(lab):
     """Deploy site.yml on the lab once (through ansible-runner); the ray_cluster facts."""
     from raymetal.runner import deploy
 
-    facts = deploy(str(labkit.LAB_INVENTORY))
+    with _cost("the session's first deploy (the cluster fixture)"):
+        facts = deploy(str(labkit.LAB_INVENTORY))
     assert facts["nodes_alive"] == len(lab), facts
     return facts
+
+
+# --- What each test costs (tools/e2e.sh sets RAYMETAL_TEST_COST to a file) ------------------------------------------
+# One line per test: its wall time, the CPU of what it ran on the controller (ansible-playbook and every other child
+# this pytest process waited for), and the CPU of this lab's containers (their cgroups). The machine running the
+# suite is CPU-bound, so this, not wall time, says which proof is expensive. tools/suite_report.py prints the sum.
+def _lab_containers_cpu() -> float:
+    ids = subprocess.run(["docker", "ps", "-q", "--no-trunc", "--filter", f"label=io.raymetal.lab={labkit.LAB_PREFIX}"],
+                         capture_output=True, text=True, check=False).stdout.split()
+    total = 0.0
+    for cid in ids:
+        for path, scale in ((f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage", 1e-9),
+                            (f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat", 1e-6)):
+            try:
+                text = open(path).read()
+            except OSError:
+                continue
+            value = text.split()[1] if text.startswith("usage_usec") else text.split()[0]
+            total += int(value) * scale
+            break
+    return total
+
+
+@contextlib.contextmanager
+def _cost(name: str):
+    path = os.environ.get("RAYMETAL_TEST_COST")
+    if not path:
+        yield
+        return
+    start, nodes = time.monotonic(), _lab_containers_cpu()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        yield
+    finally:
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        controller = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        with open(path, "a") as out:
+            out.write(f"{name}\t{time.monotonic() - start:.1f}\t{controller:.1f}\t"
+                      f"{max(0.0, _lab_containers_cpu() - nodes):.1f}\n")
+
+
+@pytest.fixture(autouse=True)
+def _test_cost(request):
+    with _cost(request.node.nodeid):
+        yield

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""The end of `make test`: how long each phase took, and the slowest tests.
+
+    tools/suite_report.py [ARTIFACTS_DIR]   (default: artifacts)
+
+Reads ARTIFACTS_DIR/phases.tsv (one line per phase, written by tools/timed.sh:
+name, start and end in epoch seconds, exit status) and every pytest JUnit XML
+report there (junit-*.xml: the unit tests and each lab's end-to-end tests), and
+prints the phases in the order they started, with their minutes and the
+minutes since the first phase began, then the ten slowest tests. Phases run
+side by side, so their minutes add up to more than the wall time.
+ARTIFACTS_DIR/cost-*.tsv (one line per lab test: name, wall seconds, controller
+CPU-seconds, the lab containers' CPU-seconds; tests/lab/conftest.py writes them)
+gives each lab's CPU and the ten tests that cost the most CPU: the machine is
+CPU-bound, so that is where a faster suite comes from.
+Prints nothing about a file that is not there; never fails the build.
+"""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def phases(path: Path) -> list[tuple[str, float, float, str]]:
+    rows = []
+    if not path.exists():
+        return rows
+    for line in path.read_text().splitlines():
+        parts = line.split("\t")
+        if len(parts) != 4:
+            continue
+        name, start, end, rc = parts
+        try:
+            rows.append((name, float(start), float(end), rc))
+        except ValueError:
+            continue
+    return sorted(rows, key=lambda row: row[1])
+
+
+def slowest(directory: Path, count: int = 10) -> list[tuple[float, str, str]]:
+    tests = []
+    for report in sorted(directory.glob("junit-*.xml")):
+        try:
+            root = ET.parse(report).getroot()
+        except (ET.ParseError, OSError):
+            continue
+        source = report.stem.removeprefix("junit-")
+        for case in root.iter("testcase"):
+            try:
+                seconds = float(case.get("time", "0"))
+            except ValueError:
+                continue
+            name = f"{case.get('classname', '')}::{case.get('name', '')}".replace("tests.", "", 1)
+            tests.append((seconds, name, source))
+    return sorted(tests, reverse=True)[:count]
+
+
+def costs(directory: Path) -> list[tuple[float, float, float, str, str]]:
+    rows = []
+    for path in sorted(directory.glob("cost-*.tsv")):
+        for line in path.read_text().splitlines():
+            parts = line.split("\t")
+            if len(parts) != 4:
+                continue
+            try:
+                wall, controller, nodes = (float(p) for p in parts[1:])
+            except ValueError:
+                continue
+            rows.append((controller + nodes, controller, wall, parts[0].replace("tests/lab/", ""), path.stem[5:]))
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    directory = Path(argv[1] if len(argv) > 1 else "artifacts")
+    rows = phases(directory / "phases.tsv")
+    if rows:
+        first = rows[0][1]
+        last = max(row[2] for row in rows)
+        print("=== make test: phases (side by side where they overlap)")
+        print(f"  {'phase':<34} {'minutes':>8} {'from':>7} {'to':>7}  exit")
+        for name, start, end, rc in rows:
+            print(f"  {name:<34} {(end - start) / 60:8.1f} {(start - first) / 60:7.1f} {(end - first) / 60:7.1f}  {rc}")
+        print(f"  {'wall, first phase to last':<34} {(last - first) / 60:8.1f}")
+    tests = slowest(directory)
+    if tests:
+        print("=== the ten slowest tests")
+        for seconds, name, source in tests:
+            print(f"  {seconds / 60:5.1f} min  {seconds:7.1f} s  [{source}] {name}")
+    spent = costs(directory)
+    if spent:
+        print("=== CPU of the lab tests (controller: ansible and the tests' own commands; nodes: the lab's containers)")
+        for lab in sorted({row[4] for row in spent}):
+            mine = [row for row in spent if row[4] == lab]
+            print(f"  {lab}: {sum(r[2] for r in mine) / 60:5.1f} min of tests, controller "
+                  f"{sum(r[1] for r in mine):6.0f} CPU-s, nodes {sum(r[0] - r[1] for r in mine):6.0f} CPU-s")
+        print("  the ten that cost the most CPU:")
+        for total, controller, wall, name, lab in sorted(spent, reverse=True)[:10]:
+            print(f"  {total:6.0f} CPU-s (controller {controller:5.0f}, nodes {total - controller:5.0f}) "
+                  f"{wall:6.0f} s  [{lab}] {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
