@@ -137,3 +137,18 @@ def test_the_watch_list_names_every_unit_the_roles_run():
                     missing.append(f"{vars_file.parent.parent.name}: {key}={value}")
     assert missing == [], missing
 
+
+
+def test_the_watch_list_covers_every_configuration_file_the_roles_write():
+    """Every configuration file named in a role's vars (a __*_conf constant, an absolute path) lies under a watched
+    path: a hand edit there (Redis's requirepass dropped, the wheelhouse nginx opened up) must send the next deploy
+    the full way, which puts it back."""
+    watched = yaml.safe_load((REPO / "playbooks" / "vars" / "applied_state.yml").read_text())["raymetal_applied_watch"]
+    roots = [re.sub(r"\{\{.*?default\('([^']*)'\).*?\}\}", r"\1", path) for path in watched["paths"]]
+    unwatched = []
+    for vars_file in sorted(Path(REPO / "roles").glob("*/vars/main.yml")):
+        for key, value in (yaml.safe_load(vars_file.read_text()) or {}).items():
+            if key.endswith("_conf") and isinstance(value, str) and value.startswith("/") and "{{" not in value:
+                if not any(value == root or value.startswith(root.rstrip("/") + "/") for root in roots):
+                    unwatched.append(f"{vars_file.parent.parent.name}: {key}={value}")
+    assert unwatched == [], unwatched
