@@ -84,7 +84,7 @@ options:
     type: dict
     default: {}
 author:
-  - raymetal contributors
+  - raymetal contributors (@raymetal)
 """
 
 EXAMPLES = r"""
@@ -200,7 +200,7 @@ def fingerprint_units(module, units):
     if rc != 0:
         return dict(("unit " + unit, "systemctl rc=%d" % rc) for unit in units)
     # One block per unit, in the order asked, separated by blank lines.
-    blocks = [block for block in out.strip().split("\n\n")]
+    blocks = out.strip().split("\n\n")
     result = {}
     for unit, block in zip(units, blocks):
         props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
@@ -277,7 +277,7 @@ def compare(recorded, current):
             lines.append("%s: output" % key)
         elif old.split(" ")[:2] != new.split(" ")[:2]:
             lines.append("%s: type, mode or owner (%s, recorded %s)" % (key, " ".join(new.split(" ")[:2]),
-                                                                          " ".join(old.split(" ")[:2])))
+                                                                        " ".join(old.split(" ")[:2])))
         else:
             lines.append("%s: content" % key)
     return lines
