@@ -1,6 +1,6 @@
 """NCCL all-reduce through Ray actors: one rank per GPU node, ray.util.collective with CuPy.
 
-Run on the head by playbooks/acceptance.yml (roles/acceptance/tasks/nccl.yml) with the Ray venv's
+Run on the head by playbooks/acceptance.yml (roles/acceptance/tasks/ray_transfer.yml) with the Ray venv's
 Python, as the Ray user, with the cluster's RAY_AUTH_* environment. One actor per alive node that
 offers a GPU to Ray (num_gpus=1, pinned to that node), all in one NCCL group: one rank per node, so
 the figure is the fabric's, not NVLink's. Each rank all-reduces --mib MiB of float32 on its GPU,
