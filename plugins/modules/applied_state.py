@@ -89,7 +89,7 @@ author:
 
 EXAMPLES = r"""
 - name: Compare the node with what the last deploy applied
-  applied_state:
+  raymetal.cluster.applied_state:
     inputs: "{{ files_digest }}-{{ vars_digest }}"
     watch:
       paths: [/etc/ray, /etc/systemd/system]
@@ -98,7 +98,7 @@ EXAMPLES = r"""
   register: probe
 
 - name: Record what this deploy applied
-  applied_state:
+  raymetal.cluster.applied_state:
     state: record
     inputs: "{{ digest }}"
     watch: "{{ same_watch_as_the_probe }}"

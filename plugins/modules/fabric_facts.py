@@ -65,10 +65,10 @@ author:
 
 EXAMPLES = r"""
 - name: Detect the fabric interface, failing when there is no RDMA fabric
-  fabric_facts:
+  raymetal.cluster.fabric_facts:
 
 - name: Use ib0 and accept a plain Ethernet interface (lab, CI)
-  fabric_facts:
+  raymetal.cluster.fabric_facts:
     interface: ib0
     require_rdma: false
 

@@ -91,11 +91,11 @@ author:
 
 EXAMPLES = r"""
 - name: Check the node, expecting 8 GPUs
-  node_checks:
+  raymetal.cluster.node_checks:
     expected_gpus: 8
 
 - name: Leave an uncabled storage port out
-  node_checks:
+  raymetal.cluster.node_checks:
     ignore_ports: [mlx5_9:1]
 
 - name: Show the problems

@@ -48,14 +48,14 @@ notes:
 
 EXAMPLES = r"""
 - name: Find NVIDIA GPUs on the PCI bus
-  nvidia_gpu_facts:
+  raymetal.cluster.nvidia_gpu_facts:
 
 - name: Use the GPU count
   ansible.builtin.debug:
     msg: "{{ ansible_facts['nvidia_gpu']['count'] }} GPUs, NVSwitches: {{ ansible_facts['nvidia_gpu']['has_nvswitch'] }}"
 
 - name: Check the loaded driver against the PCI bus and the pinned branch
-  nvidia_gpu_facts:
+  raymetal.cluster.nvidia_gpu_facts:
     query_smi: true
     expected_branch: "570"
   register: __gpu

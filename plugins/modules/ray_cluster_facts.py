@@ -82,11 +82,11 @@ notes:
 
 EXAMPLES = r"""
 - name: Read the Ray cluster state
-  ray_cluster_facts:
+  raymetal.cluster.ray_cluster_facts:
   become: true
 
 - name: Wait for every inventory host to join the cluster
-  ray_cluster_facts:
+  raymetal.cluster.ray_cluster_facts:
     wait_for_nodes: "{{ groups['ray_cluster'] | length }}"
     expected_nodes:
       raymetal-head: 10.231.20.10
@@ -95,7 +95,7 @@ EXAMPLES = r"""
   become: true
 
 - name: Ask a dashboard behind a TLS front
-  ray_cluster_facts:
+  raymetal.cluster.ray_cluster_facts:
     address: https://ray.example.org:8443
     token_path: /etc/ray/auth_token
   become: true
