@@ -59,10 +59,11 @@ status: venv ## Print the cluster's nodes and resources
 docs: venv ## Regenerate the options section of every roles/*/README.md from its meta/argument_specs.yml (aar-doc)
 	$(BIN)/python tools/role_docs.py
 
-lint: venv ## Role READMEs up to date with their specs, yamllint, ansible-lint (production profile)
+lint: venv ## Role READMEs up to date with their specs, yamllint, ansible-lint (production profile), ansible-test sanity
 	$(BIN)/python tools/role_docs.py --check
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --strict
+	BIN=$(CURDIR)/$(BIN) bash tools/sanity.sh
 
 unit: venv deps ## Unit tests (modules, filters, fixtures)
 	$(BIN)/pytest -q -p no:cacheprovider --junitxml=artifacts/junit-unit.xml tests/unit

@@ -22,7 +22,7 @@
 # management network. A second network is renamed to `ib0` inside each node and
 # stands in for the InfiniBand fabric. Nodes have no route to any package index:
 # they install Python packages from the wheelhouse only, as an air-gapped site.
-# See shared/testbed.md for why each container flag is what it is.
+# Why each container flag is what it is: see start_node.
 set -euo pipefail
 
 LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -370,6 +370,11 @@ start_node() {
   # A new node: its file listing is taken again once it has booted (wait_node).
   rm -f "$LAB_STATE/$name.fresh-files"
   touch "$LAB_STATE/$name.new"
+  # Not --privileged: on our VMs it fails ("unable to apply caps", the VM's
+  # bounding set lacks a capability). systemd as PID 1 needs SYS_ADMIN, no
+  # seccomp/AppArmor filter, the host's cgroup tree (cgroup v1 hybrid here) and
+  # tmpfs on /run; NET_ADMIN lets the node rename its fabric NIC to ib0 and
+  # hold floating addresses.
   docker run -d --name "$name" --hostname "$name" \
     --label "io.raymetal.lab=$LAB_PREFIX" --label "io.raymetal.node=$node" \
     --cap-add SYS_ADMIN --cap-add NET_ADMIN \

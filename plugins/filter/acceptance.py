@@ -101,7 +101,7 @@ def drift(nodes, pinned=None, fail_keys=DEFAULT_DRIFT_FAIL):
                 continue
             for host in members:
                 message = "%s %s, others %s (%s)" % (label, _show(value), _show(reference),
-                                                      ", ".join(counts[reference]))
+                                                     ", ".join(counts[reference]))
                 by_host[host].append(_finding(severity, "drift", key, message))
                 listing.append({"key": key, "host": host, "value": value, "expected": reference,
                                 "against": "majority"})
@@ -335,7 +335,7 @@ def ib_write_bw_run(res, src, dst, threshold=None, missing=""):
 
 def rdma_ring_next(host, hosts, hostvars, key="__acceptance_rdma_device"):
     """The next host in the ring among ``hosts`` that have an RDMA port behind the fabric interface ('' if none)."""
-    members = [h for h in hosts or [] if ((hostvars[h] if h in hostvars else {}).get(key) or "")]
+    members = [h for h in hosts or [] if (hostvars[h] if h in hostvars else {}).get(key)]
     if host not in members:
         return ""
     return ring_next(host, members) or ""

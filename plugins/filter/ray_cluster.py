@@ -26,7 +26,7 @@ def ray_fabric_ips(hosts, hostvars):
         fabric = facts.get("fabric") or {}
         address = str(bound) or str(explicit) or str(fabric.get("address") or "")
         if address:
-            result[host] = address.split("/")[0]
+            result[host] = address.split("/", 1)[0]
     return result
 
 

@@ -11,7 +11,7 @@ CONTROLLERS = ("cpu", "memory")
 
 def _kernel_tuple(release):
     parts = []
-    for piece in str(release or "").split("-")[0].split(".")[:2]:
+    for piece in str(release or "").split("-", 1)[0].split(".")[:2]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts + [0] * (2 - len(parts)))

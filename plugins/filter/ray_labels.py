@@ -75,7 +75,7 @@ def ray_label_problems(labels):
     problems = []
     for key, value in sorted((labels or {}).items(), key=lambda kv: str(kv[0])):
         key = str(key)
-        prefix, _, name = key.rpartition("/")
+        prefix, dummy, name = key.rpartition("/")
         if "/" in key and (len(prefix) > 253 or not _PREFIX_RE.match(prefix)):
             problems.append(f"label '{key}': its prefix '{prefix}' must be DNS labels separated by dots "
                             "(lower-case letters, digits and -), at most 253 characters")

@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import os
 
-from packaging import tags as _tags
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name,
-                             parse_sdist_filename, parse_wheel_filename)
-from packaging.version import InvalidVersion
+# packaging is a dependency of ansible-core, so every controller has it; the guard lets the filters
+# load (as ansible-test's import check demands) and name the missing package only when one is used.
+try:
+    from packaging import tags as _tags
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name,
+                                 parse_sdist_filename, parse_wheel_filename)
+    from packaging.version import InvalidVersion
+except ImportError as err:  # pragma: no cover - ansible-core itself requires packaging
+    PACKAGING_IMPORT_ERROR = err
+else:
+    PACKAGING_IMPORT_ERROR = None
+
+
+def _need_packaging(filter_name):
+    """Fail the filter, naming the Python package it needs, where packaging is missing."""
+    if PACKAGING_IMPORT_ERROR is not None:
+        from ansible.errors import AnsibleFilterError
+        raise AnsibleFilterError("%s needs the Python package 'packaging' on the controller: %s"
+                                 % (filter_name, PACKAGING_IMPORT_ERROR))
 
 
 def _python_release(version):
@@ -32,6 +47,7 @@ def _accepted(release):
 
 def wheelhouse_for_python(filenames, python_version):
     """The wheels (and sdists) among filenames that CPython python_version can install."""
+    _need_packaging("wheelhouse_for_python")
     from ansible.errors import AnsibleFilterError
 
     try:
@@ -59,6 +75,7 @@ def wheelhouse_for_python(filenames, python_version):
 
 def wheelhouse_pythons(filenames, project):
     """Sorted 'X.Y' releases (or 'any') that the wheelhouse's files of project are built for."""
+    _need_packaging("wheelhouse_pythons")
     wanted = canonicalize_name(str(project))
     found = set()
     for path in filenames or []:
@@ -101,6 +118,7 @@ def _distributions(filenames):
 
 def wheelhouse_missing(requirements, filenames):
     """Return the requirements (as given) that the wheelhouse files do not satisfy."""
+    _need_packaging("wheelhouse_missing")
     found = _distributions(filenames)
     missing = []
     for spec in requirements or []:

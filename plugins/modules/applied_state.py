@@ -84,12 +84,12 @@ options:
     type: dict
     default: {}
 author:
-  - raymetal contributors
+  - raymetal contributors (@raymetal)
 """
 
 EXAMPLES = r"""
 - name: Compare the node with what the last deploy applied
-  applied_state:
+  raymetal.cluster.applied_state:
     inputs: "{{ files_digest }}-{{ vars_digest }}"
     watch:
       paths: [/etc/ray, /etc/systemd/system]
@@ -98,7 +98,7 @@ EXAMPLES = r"""
   register: probe
 
 - name: Record what this deploy applied
-  applied_state:
+  raymetal.cluster.applied_state:
     state: record
     inputs: "{{ digest }}"
     watch: "{{ same_watch_as_the_probe }}"
@@ -200,7 +200,7 @@ def fingerprint_units(module, units):
     if rc != 0:
         return dict(("unit " + unit, "systemctl rc=%d" % rc) for unit in units)
     # One block per unit, in the order asked, separated by blank lines.
-    blocks = [block for block in out.strip().split("\n\n")]
+    blocks = out.strip().split("\n\n")
     result = {}
     for unit, block in zip(units, blocks):
         props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
@@ -277,7 +277,7 @@ def compare(recorded, current):
             lines.append("%s: output" % key)
         elif old.split(" ")[:2] != new.split(" ")[:2]:
             lines.append("%s: type, mode or owner (%s, recorded %s)" % (key, " ".join(new.split(" ")[:2]),
-                                                                          " ".join(old.split(" ")[:2])))
+                                                                        " ".join(old.split(" ")[:2])))
         else:
             lines.append("%s: content" % key)
     return lines

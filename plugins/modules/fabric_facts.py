@@ -44,9 +44,14 @@ options:
       - Root of the sysfs tree to read. Change it only for tests.
     type: path
     default: /sys
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
 attributes:
   check_mode:
     support: full
+  platform:
+    platforms: posix
   diff_mode:
     support: none
   facts:
@@ -55,15 +60,15 @@ notes:
   - Needs the C(ip) command from iproute2 with JSON output (C(-j)).
   - Reads nothing but sysfs and the output of C(ip); changes nothing.
 author:
-  - raymetal
+  - raymetal contributors (@raymetal)
 """
 
 EXAMPLES = r"""
 - name: Detect the fabric interface, failing when there is no RDMA fabric
-  fabric_facts:
+  raymetal.cluster.fabric_facts:
 
 - name: Use ib0 and accept a plain Ethernet interface (lab, CI)
-  fabric_facts:
+  raymetal.cluster.fabric_facts:
     interface: ib0
     require_rdma: false
 
@@ -208,6 +213,7 @@ except ImportError:  # as a playbook project (ansible.cfg: module_utils = plugin
 ARPHRD_ETHER = 1
 ARPHRD_INFINIBAND = 32
 ARPHRD_LOOPBACK = 772
+
 
 class FabricError(Exception):
     """Raised when no interface can be chosen; the message says why."""

@@ -71,9 +71,14 @@ options:
       - A path that does not exist is a C(fail) finding. Empty leaves these versions out.
     type: path
     default: ""
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
 attributes:
   check_mode:
     support: full
+  platform:
+    platforms: posix
   diff_mode:
     support: none
   facts:
@@ -81,16 +86,16 @@ attributes:
 notes:
   - Standard library only on the node; reads sysfs and runs only C(dpkg-query) or C(rpm).
 author:
-  - raymetal
+  - raymetal contributors (@raymetal)
 """
 
 EXAMPLES = r"""
 - name: Check the node, expecting 8 GPUs
-  node_checks:
+  raymetal.cluster.node_checks:
     expected_gpus: 8
 
 - name: Leave an uncabled storage port out
-  node_checks:
+  raymetal.cluster.node_checks:
     ignore_ports: [mlx5_9:1]
 
 - name: Show the problems
@@ -120,13 +125,13 @@ ansible_facts:
           contains:
             name: {description: RDMA device name., type: str, sample: mlx5_0}
             port: {description: Port number., type: int, sample: 1}
-            state: {description: Logical state (C(ACTIVE), C(DOWN), C(INIT)...)., type: str, sample: ACTIVE}
-            phys_state: {description: Physical state (C(LinkUp), C(Polling), C(Disabled)...)., type: str, sample: LinkUp}
+            state: {description: "Logical state (C(ACTIVE), C(DOWN), C(INIT)...).", type: str, sample: ACTIVE}
+            phys_state: {description: "Physical state (C(LinkUp), C(Polling), C(Disabled)...).", type: str, sample: LinkUp}
             rate: {description: Rate as the kernel reports it., type: str, sample: "400 Gb/sec (4X NDR)"}
-            rate_gbps: {description: Rate in Gb/s, or null., type: float, sample: 400.0}
+            rate_gbps: {description: "Rate in Gb/s, or null.", type: float, sample: 400.0}
             link_layer: {description: C(InfiniBand) or C(Ethernet)., type: str, sample: InfiniBand}
-            netdev: {description: Network interface of the port, or null., type: str, sample: ib0}
-            fw_ver: {description: Firmware of the HCA, or null., type: str, sample: "28.39.1002"}
+            netdev: {description: "Network interface of the port, or null.", type: str, sample: ib0}
+            fw_ver: {description: "Firmware of the HCA, or null.", type: str, sample: "28.39.1002"}
             counters: {description: Error counters now., type: dict, sample: {link_downed: 0}}
             growth:
               description: Growth of each counter since the last run; null on the first run or after a reset.
@@ -144,11 +149,11 @@ ansible_facts:
             kind: {description: C(gpu) or C(hca)., type: str, sample: gpu}
             vendor: {description: PCI vendor ID., type: str, sample: "0x10de"}
             device: {description: PCI device ID., type: str, sample: "0x2330"}
-            name: {description: RDMA device name for an HCA, null for a GPU., type: str, sample: mlx5_0}
-            speed_gts: {description: Current link speed in GT/s, or null., type: float, sample: 32.0}
-            max_speed_gts: {description: Maximum link speed in GT/s, or null., type: float, sample: 32.0}
-            width: {description: Current link width (lanes), or null., type: int, sample: 16}
-            max_width: {description: Maximum link width, or null., type: int, sample: 16}
+            name: {description: "RDMA device name for an HCA, null for a GPU.", type: str, sample: mlx5_0}
+            speed_gts: {description: "Current link speed in GT/s, or null.", type: float, sample: 32.0}
+            max_speed_gts: {description: "Maximum link speed in GT/s, or null.", type: float, sample: 32.0}
+            width: {description: "Current link width (lanes), or null.", type: int, sample: 16}
+            max_width: {description: "Maximum link width, or null.", type: int, sample: 16}
         gpu_count:
           description: NVIDIA GPUs on the PCI bus.
           type: int
@@ -185,7 +190,7 @@ ansible_facts:
           contains:
             severity: {description: C(fail) or C(warn)., type: str, sample: fail}
             check: {description: Which check found it., type: str, sample: port_state}
-            subject: {description: The port, PCI device or module concerned., type: str, sample: "mlx5_3:1"}
+            subject: {description: "The port, PCI device or module concerned.", type: str, sample: "mlx5_3:1"}
             message: {description: One readable sentence with the figure., type: str, sample: "mlx5_3:1 (ib3) is DOWN"}
 """
 
@@ -421,8 +426,8 @@ def package_versions(module, names):
             cmd = [rpm, "-q", "--qf", "ii |%{VERSION}-%{RELEASE}", name]
         else:
             break
-        rc, out, _ = module.run_command(cmd, environ_update=C_LOCALE)
-        status, _, version = out.partition("|")
+        rc, out, dummy = module.run_command(cmd, environ_update=C_LOCALE)
+        status, dummy, version = out.partition("|")
         if rc == 0 and status.startswith("ii") and version.strip():
             versions[name] = version.strip()
     return versions

@@ -78,7 +78,8 @@ options:
             C(validate) does. A non-zero exit leaves the file as it was and fails the task with the
             command's output. Not run in check mode, nor when the content is unchanged.
         type: str
-author: raymetal
+author:
+  - raymetal contributors (@raymetal)
 """
 
 EXAMPLES = r"""

@@ -21,7 +21,8 @@ description:
     driver facts and lists every disagreement with the PCI bus and with O(expected_branch) in RV(problems).
   - Stdlib only on the managed node.
 version_added: "0.1.0"
-author: raymetal
+author:
+  - raymetal contributors (@raymetal)
 options:
   sysfs_root:
     description: Root of the sysfs tree to read; tests point it at a recorded tree.
@@ -47,14 +48,14 @@ notes:
 
 EXAMPLES = r"""
 - name: Find NVIDIA GPUs on the PCI bus
-  nvidia_gpu_facts:
+  raymetal.cluster.nvidia_gpu_facts:
 
 - name: Use the GPU count
   ansible.builtin.debug:
     msg: "{{ ansible_facts['nvidia_gpu']['count'] }} GPUs, NVSwitches: {{ ansible_facts['nvidia_gpu']['has_nvswitch'] }}"
 
 - name: Check the loaded driver against the PCI bus and the pinned branch
-  nvidia_gpu_facts:
+  raymetal.cluster.nvidia_gpu_facts:
     query_smi: true
     expected_branch: "570"
   register: __gpu
@@ -299,7 +300,7 @@ def parse_smi_fabric(text):
             section = stripped if ":" not in stripped else None
             continue
         if section == "Fabric" and indent == 8 and ":" in stripped:
-            key, _, value = (part.strip() for part in stripped.partition(":"))
+            key, dummy, value = (part.strip() for part in stripped.partition(":"))
             value = None if value in ("", "N/A") else value
             field = {"State": "state", "Status": "status", "CliqueId": "clique_id", "ClusterUUID": "cluster_uuid"}.get(key)
             if field:
@@ -356,8 +357,8 @@ def main():
             module.fail_json(msg="cannot parse nvidia-smi output: %s" % exc, stdout=out)
         # NVLink cliques (multi-node NVLink domains) for the ray.io/gpu-domain label. Best effort: a driver
         # whose nvidia-smi has no Fabric section gives none, which is also what non-MNNVL GPUs report.
-        rc, query, _ = module.run_command([module.params["nvidia_smi_path"] or module.get_bin_path("nvidia-smi"),
-                                           "-q"], environ_update=C_LOCALE)
+        rc, query, dummy = module.run_command([module.params["nvidia_smi_path"] or module.get_bin_path("nvidia-smi"),
+                                               "-q"], environ_update=C_LOCALE)
         try:
             smi["fabric_cliques"] = parse_smi_fabric(query) if rc == 0 else []
         except SmiError:

@@ -22,7 +22,8 @@ description:
     expected hosts that are missing, by fabric IP.
   - Read-only; uses only the Python standard library on the managed node.
 version_added: "0.1.0"
-author: raymetal
+author:
+  - raymetal contributors (@raymetal)
 options:
   address:
     description:
@@ -63,9 +64,13 @@ options:
       - Verify the TLS certificate when I(address) is C(https://) (a TLS front of the dashboard).
     type: bool
     default: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
+  platform:
+    platforms: posix
   diff_mode:
     support: none
 notes:
@@ -77,11 +82,11 @@ notes:
 
 EXAMPLES = r"""
 - name: Read the Ray cluster state
-  ray_cluster_facts:
+  raymetal.cluster.ray_cluster_facts:
   become: true
 
 - name: Wait for every inventory host to join the cluster
-  ray_cluster_facts:
+  raymetal.cluster.ray_cluster_facts:
     wait_for_nodes: "{{ groups['ray_cluster'] | length }}"
     expected_nodes:
       raymetal-head: 10.231.20.10
@@ -90,7 +95,7 @@ EXAMPLES = r"""
   become: true
 
 - name: Ask a dashboard behind a TLS front
-  ray_cluster_facts:
+  raymetal.cluster.ray_cluster_facts:
     address: https://ray.example.org:8443
     token_path: /etc/ray/auth_token
   become: true
@@ -322,7 +327,7 @@ class RayApi(object):
         except (socket.timeout, TimeoutError):
             raise RayFactsError("%s did not answer within %d s: is %s overloaded or hung? "
                                 "See journalctl -u %s -n 50" % (url, self.timeout, self.head_unit,
-                                                               self._unit_short()))
+                                                                self._unit_short()))
         except urllib_error.URLError as err:
             reason = err.reason
             if isinstance(reason, ConnectionRefusedError) or "refused" in str(reason).lower():

@@ -1,5 +1,5 @@
 # Copyright: raymetal contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Ansible's linear strategy, run through Mitogen when Mitogen is installed.
 
 Mitogen keeps one Python interpreter per host alive for the whole run instead
@@ -7,8 +7,10 @@ of starting a new one (and shipping a new AnsiballZ payload) for every task,
 which is most of what a no-op deploy spends its time on. requirements.txt pins
 it; without it this is exactly Ansible's own ``linear`` strategy.
 
-ansible.cfg selects this strategy. To run without Mitogen even when it is
-installed: ``ANSIBLE_STRATEGY=linear ansible-playbook ...``.
+Opt-in: ansible.cfg keeps Ansible's plain ``linear`` strategy (ansible-core
+warns that third-party strategy plugins are deprecated) and only puts this
+directory on ``strategy_plugins``. Select it for a run with
+``ANSIBLE_STRATEGY=raymetal_linear ansible-playbook ...``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ description:
   - Runs Ansible's C(linear) strategy through Mitogen's connection multiplexer
     when the C(mitogen) package is importable on the controller, else runs the
     plain C(linear) strategy unchanged.
-author: raymetal contributors
+author:
+  - raymetal contributors (@raymetal)
 """
 
 try:

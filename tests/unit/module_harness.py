@@ -2,27 +2,20 @@
 
 run_module(module, args) sets the module's arguments with
 ansible.module_utils.testing.patch_module_args, turns exit_json/fail_json into
-exceptions, and returns (ExitJson or FailJson, result dict).
+exceptions, and returns (ExitJson or FailJson, result dict). Tests import the
+modules by collection path (ansible_collections.raymetal.cluster.plugins.modules,
+importable through pytest.ini's pythonpath), as their module_utils do.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from unittest import mock
 
-import ansible.module_utils
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
 REPO = Path(__file__).resolve().parents[2]
-
-# Import the modules and their module_utils the way a playbook run does
-# (ansible.cfg: library = library, module_utils = plugins/module_utils).
-if str(REPO / "plugins" / "modules") not in sys.path:
-    sys.path.insert(0, str(REPO / "plugins" / "modules"))
-if str(REPO / "plugins" / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "plugins" / "module_utils"))
 
 
 class ExitJson(Exception):

@@ -8,20 +8,15 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from ansible_collections.raymetal.cluster.plugins.filter import acceptance
+from ansible_collections.raymetal.cluster.plugins.modules import node_checks
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "fabric"
-sys.path.insert(0, str(REPO / "plugins" / "filter"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import module_harness  # noqa: E402,F401  (puts the modules and their module_utils on the import paths)
-import acceptance  # noqa: E402  (filter path added above)
-import node_checks  # noqa: E402
-
 VERSIONS = {"kernel": "6.1.0-28-amd64", "nvidia_driver": "570.133.20", "rdma-core": "44.0-2",
             "python": "3.11.2", "ray": "2.60.0", "nccl": "2.32.3", "cupy": "13.4.1", "cuda": "12.8.90"}
 

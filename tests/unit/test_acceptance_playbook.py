@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from raymetal import runner
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from raymetal import runner  # noqa: E402  (repository root added above)
-
 FIXTURES = REPO / "tests" / "fixtures" / "fabric"
 
 HOST = ('{ansible_connection: local, ansible_python_interpreter: "{{ ansible_playbook_python }}", '

@@ -33,7 +33,7 @@ from ansible.module_utils.testing import patch_module_args
 from module_harness import REPO, ExitJson, FailJson
 from module_harness import run_module as harness_run
 
-import fabric_facts  # (plugins/modules is on sys.path through module_harness)
+from ansible_collections.raymetal.cluster.plugins.modules import fabric_facts
 
 FIXTURES = REPO / "tests" / "fixtures" / "fabric"
 CLONE_NEWNET = 0x40000000

@@ -13,7 +13,7 @@ import yaml
 
 from module_harness import REPO, ExitJson, run_module
 
-import applied_state  # (plugins/modules is on sys.path through module_harness)
+from ansible_collections.raymetal.cluster.plugins.modules import applied_state
 
 
 def run(args):
@@ -136,7 +136,6 @@ def test_the_watch_list_names_every_unit_the_roles_run():
                 if not names & units:
                     missing.append(f"{vars_file.parent.parent.name}: {key}={value}")
     assert missing == [], missing
-
 
 
 def test_the_watch_list_covers_every_configuration_file_the_roles_write():

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 
 import pytest
 
+from ansible_collections.raymetal.cluster.plugins.filter import firewall as fw
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-_SPEC = importlib.util.spec_from_file_location("raymetal_firewall_filter", ROOT / "plugins" / "filter" / "firewall.py")
-fw = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(fw)
 
 # The list the Ray role publishes as ray_ports (client port left out: off by default).
 RAY_PORTS = [

@@ -21,14 +21,14 @@ import yaml
 from module_harness import ExitJson
 from module_harness import run_module as harness_run
 
+from ansible_collections.raymetal.cluster.plugins.filter import acceptance
+from ansible_collections.raymetal.cluster.plugins.modules import node_checks
+from ansible_collections.raymetal.cluster.plugins.modules import nvidia_gpu_facts
+from ansible_collections.raymetal.cluster.plugins.filter import ray_labels
+
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "tests" / "fixtures" / "nvidia" / "recorded-h100-vm"
-sys.path.insert(0, str(REPO / "plugins" / "filter"))
 
-import acceptance  # noqa: E402  (filter path added above)
-import node_checks  # noqa: E402  (plugins/modules is on sys.path through module_harness)
-import nvidia_gpu_facts  # noqa: E402
-import ray_labels  # noqa: E402
 
 def _load_ray_nccl():
     """roles/acceptance/files/ray_nccl.py as a module (its KEEP pattern picks the log lines it sends back)."""

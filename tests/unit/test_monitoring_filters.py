@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 
+from ansible_collections.raymetal.cluster.plugins.filter import firewall as fw
+from ansible_collections.raymetal.cluster.plugins.filter import monitoring as mon
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location("raymetal_%s_filter" % name, ROOT / "plugins" / "filter" / ("%s.py" % name))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mon = _load("monitoring")
-fw = _load("firewall")
 
 PORTS = [
     {"name": "gcs", "port": 6379, "scope": "head"},

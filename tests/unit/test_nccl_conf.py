@@ -10,19 +10,16 @@ host's facts would produce. The template is rendered the way Ansible's template 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import jinja2
 import pytest
 
+from ansible_collections.raymetal.cluster.plugins.modules import fabric_facts
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "fabric"
 TEMPLATE = REPO / "roles" / "nccl" / "templates" / "nccl.conf.j2"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import module_harness  # noqa: E402,F401  (puts the modules and their module_utils on the import paths)
-import fabric_facts  # noqa: E402
 
 
 def facts_of(case, interface=None, require_rdma=True):

@@ -21,7 +21,7 @@ from ansible.module_utils.testing import patch_module_args
 from module_harness import ExitJson, FailJson
 from module_harness import run_module as run_harnessed
 
-import node_checks  # (plugins/modules is on sys.path through module_harness)
+from ansible_collections.raymetal.cluster.plugins.modules import node_checks
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "fabric"

@@ -11,7 +11,7 @@ import pytest
 
 from module_harness import ExitJson, FailJson, run_module
 
-import node_files  # (plugins/modules is on sys.path through module_harness)
+from ansible_collections.raymetal.cluster.plugins.modules import node_files
 
 OWNER = pwd.getpwuid(os.getuid()).pw_name
 GROUP = grp.getgrgid(os.getgid()).gr_name

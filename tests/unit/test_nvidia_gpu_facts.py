@@ -9,11 +9,12 @@ import pytest
 from module_harness import ExitJson, FailJson
 from module_harness import run_module as harness_run
 
+from ansible_collections.raymetal.cluster.plugins.modules import nvidia_gpu_facts as mod
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia"
 SMI = FIXTURES / "smi"
 
-import nvidia_gpu_facts as mod  # noqa: E402  (plugins/modules is on sys.path through module_harness)
 
 H100_ADDRESSES = [
     "0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",

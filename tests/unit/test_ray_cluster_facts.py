@@ -15,7 +15,6 @@ import http.server
 import json
 import os
 import socket
-import sys
 import threading
 from pathlib import Path
 from unittest import mock
@@ -25,11 +24,11 @@ import pytest
 from module_harness import ExitJson, FailJson
 from module_harness import run_module as harness_run
 
+from ansible_collections.raymetal.cluster.plugins.modules import ray_cluster_facts as rcf
+from ansible_collections.raymetal.cluster.plugins.filter import ray_cluster as rcfilter
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "ray_api"
-
-import ray_cluster_facts as rcf  # noqa: E402  (module path added above)
-
 TOKEN = "f" * 64
 HEAD_IP = "127.0.0.2"
 WORKER_IP = "127.0.0.3"
@@ -467,9 +466,6 @@ def test_camel_cased_usage_maps_back_to_ray_resource_names(token_file):
 
 
 # --- filters: plugins/filter/ray_cluster.py ----------------------------------------------------
-
-sys.path.insert(0, str(REPO / "plugins" / "filter"))
-import ray_cluster as rcfilter  # noqa: E402  (filter path added above)
 
 
 def test_summary_table_from_recorded_facts(token_file):

@@ -15,6 +15,8 @@ import jinja2
 import pytest
 import yaml
 
+from ansible_collections.raymetal.cluster.plugins.filter import ray_isolation as iso
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -25,7 +27,6 @@ def _load(name, path):
     return mod
 
 
-iso = _load("ray_isolation", ROOT / "plugins" / "filter" / "ray_isolation.py")
 probe_mod = _load("ray_node_probe", ROOT / "roles" / "ray" / "files" / "ray_node_probe.py")
 plan, lines_of = iso.FilterModule().filters()["ray_isolation_plan"], iso.FilterModule().filters()["ray_isolation_lines"]
 

@@ -6,22 +6,17 @@ test_nccl_conf.py); the GPU facts from nvidia_gpu_facts on recorded PCI trees an
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from ansible_collections.raymetal.cluster.plugins.filter import ray_cluster as rc
+from ansible_collections.raymetal.cluster.plugins.filter import ray_labels as labels_mod
+from ansible_collections.raymetal.cluster.plugins.modules import nvidia_gpu_facts
+from test_nccl_conf import facts_of
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import module_harness  # noqa: E402,F401  (puts the modules and their module_utils on the import paths)
-import nvidia_gpu_facts  # noqa: E402
-from test_nccl_conf import facts_of  # noqa: E402
-
-_SPEC = importlib.util.spec_from_file_location("ray_labels", ROOT / "plugins" / "filter" / "ray_labels.py")
-labels_mod = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(labels_mod)
 FILTERS = labels_mod.FilterModule().filters()
 node_labels, label_problems = FILTERS["ray_node_labels"], FILTERS["ray_label_problems"]
 
@@ -94,9 +89,6 @@ def test_numbers_and_empty_values_are_fine():
 
 
 def test_the_summary_shows_raymetals_site_and_topology_labels_not_rays_internal_ones():
-    spec = importlib.util.spec_from_file_location("ray_cluster_filters", ROOT / "plugins" / "filter" / "ray_cluster.py")
-    rc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rc)
     node = {"ip": "10.0.0.2", "state": "ALIVE", "resources": {"CPU": 2},
             "labels": {"ray.io/node-id": "abc", "ray.io/gpu-domain": "dgx07", "raymetal.io/fabric": "infiniband",
                        "raymetal.io/rack": "r12", "team": "vision"}}

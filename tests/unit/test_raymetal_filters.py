@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 
+from ansible_collections.raymetal.cluster.plugins.filter import raymetal as f
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-_SPEC = importlib.util.spec_from_file_location("raymetal_filters", ROOT / "plugins" / "filter" / "raymetal.py")
-f = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(f)
 
 DEFAULT_PORTS = {
     "ray_gcs_port": 6379, "ray_dashboard_port": 8265, "ray_client_server_port": 10001,

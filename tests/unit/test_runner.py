@@ -6,16 +6,14 @@ The playbooks are written to a temporary directory and run with
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from raymetal import runner  # noqa: E402  (repository root added above)
-from raymetal.runner import RaymetalError  # noqa: E402
+from raymetal import runner
+from raymetal.runner import RaymetalError
 
 INVENTORY = """
 ray_cluster:

@@ -12,23 +12,12 @@ import os
 import subprocess
 from pathlib import Path
 
-import importlib.util
-
 import pytest
 
+from ansible_collections.raymetal.cluster.plugins.filter import wheelhouse as whfilter
+from raymetal import wheelhouse as wh
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def load(name, path):
-    # By path: other tests put plugins/filter (with its raymetal.py) on sys.path.
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-wh = load("raymetal_wheelhouse", "raymetal/wheelhouse.py")
-whfilter = load("wheelhouse_filter", "plugins/filter/wheelhouse.py")
 
 HERE = {"python": "3.11", "machine": "x86_64", "glibc": "2.36"}
 

@@ -1,6 +1,6 @@
 """NCCL all-reduce through Ray actors: one rank per GPU node, ray.util.collective with CuPy.
 
-Run on the head by playbooks/acceptance.yml (roles/acceptance/tasks/nccl.yml) with the Ray venv's
+Run on the head by playbooks/acceptance.yml (roles/acceptance/tasks/ray_transfer.yml) with the Ray venv's
 Python, as the Ray user, with the cluster's RAY_AUTH_* environment. One actor per alive node that
 offers a GPU to Ray (num_gpus=1, pinned to that node), all in one NCCL group: one rank per node, so
 the figure is the fabric's, not NVLink's. Each rank all-reduces --mib MiB of float32 on its GPU,
@@ -53,7 +53,7 @@ def rank_main(world, rank, group, nbytes, warmup, iters):
         except ImportError as exc:
             raise RuntimeError("CuPy is not in Ray's venv (%s). Fix: add cupy-cuda12x (pinned) to ray_pip_packages "
                                "and to the wheelhouse, or set acceptance_nccl_allreduce: false" % exc) from exc
-        import ray.util.collective as collective
+        from ray.util import collective
 
         if not collective.nccl_available():
             raise RuntimeError("ray.util.collective cannot use NCCL: CuPy's NCCL bindings did not load")
@@ -62,11 +62,11 @@ def rank_main(world, rank, group, nbytes, warmup, iters):
             check = cupy.ones(1024, dtype=cupy.float32)
             collective.allreduce(check, group_name=group)
             data = cupy.ones(nbytes // 4, dtype=cupy.float32)
-            for _ in range(warmup):
+            for dummy in range(warmup):
                 collective.allreduce(data, group_name=group)
             cupy.cuda.runtime.deviceSynchronize()
             start = time.perf_counter()
-            for _ in range(iters):
+            for dummy in range(iters):
                 collective.allreduce(data, group_name=group)
             cupy.cuda.runtime.deviceSynchronize()
             out["seconds"] = (time.perf_counter() - start) / iters

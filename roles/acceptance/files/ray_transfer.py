@@ -50,7 +50,7 @@ def main():
             item = {"src_ip": src["NodeManagerAddress"], "dst_ip": dst["NodeManagerAddress"]}
             try:
                 ref = make.options(scheduling_strategy=on(src)).remote(args.mib)
-                ready, _ = ray.wait([ref], timeout=args.timeout, fetch_local=False)
+                ready, dummy = ray.wait([ref], timeout=args.timeout, fetch_local=False)
                 if not ready:
                     raise TimeoutError("the object was not made on %s in %.0f s" % (item["src_ip"], args.timeout))
                 nbytes, seconds = ray.get(fetch.options(scheduling_strategy=on(dst)).remote([ref]),

@@ -109,7 +109,7 @@ def describe_link(path):
 
 def account_facts(account):
     """The passwd entry of USER and the group entry of GROUP ("USER:GROUP"), each None when missing."""
-    user_name, _, group_name = account.partition(":")
+    user_name, dummy, group_name = account.partition(":")
     try:
         pw = pwd.getpwnam(user_name)
         try:
