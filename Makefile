@@ -76,7 +76,7 @@ molecule: venv lab-prep ## Molecule scenarios (each with its idempotence step; c
 	    echo "=== molecule test -s $$s (Debian $$r)"; \
 	    image=$$(LAB_RELEASE=$$r bash $(LAB) image-name) || exit 1; \
 	    case $$r in bookworm) names="$(MOLECULE_CLUSTER_ENV_bookworm)";; trixie) names="$(MOLECULE_CLUSTER_ENV_trixie)";; *) names="";; esac; \
-	    env RAYMETAL_LAB_IMAGE=$$image $$names $(BIN)/molecule test -s $$s || exit 1; \
+	    tools/timed.sh "molecule $$s (Debian $$r)" env RAYMETAL_LAB_IMAGE=$$image $$names $(BIN)/molecule test -s $$s || exit 1; \
 	  done; \
 	done
 
