@@ -150,7 +150,7 @@ def test_monitoring_switched_off_stops_on_every_node_and_comes_back_when_on(clus
     """Issue 35: monitoring_enabled false after true stopped nothing, and its ports left the firewall, so Prometheus
     and node_exporter became reachable from anyone on the fabric. Off: nothing of it listens anywhere, the outsider
     reaches none of its ports; on again: as before."""
-    rc, out, recap = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", "monitoring_enabled=false")
+    rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", "monitoring_enabled=false")
     try:
         assert rc == 0, out[-3000:]
         listening = {name: sorted(listening_ports(name) & set(MONITORING_PORTS)) for name in lab}
