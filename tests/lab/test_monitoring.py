@@ -133,3 +133,42 @@ def test_rerun_changes_nothing_and_keeps_prometheus_running(cluster, lab):
     # The summary names Prometheus, the tunnel and the targets.
     assert f"Prometheus: http://{lab[HEAD]['lab_fabric_ip']}:9090 on {HEAD}: {2 * len(lab) + 2}/{2 * len(lab) + 2} targets up" in out
     assert f"-L 9090:{lab[HEAD]['lab_fabric_ip']}:9090" in out
+
+
+# Every port the monitoring listens on where it runs: Prometheus, node_exporter, dcgm-exporter, Grafana (the lab
+# runs the first two; the others are checked all the same).
+MONITORING_PORTS = (9090, 9100, 9400, 3000)
+MONITORING_UNITS = ("prometheus", "prometheus-node-exporter")
+
+
+def listening_ports(name):
+    """The TCP ports something listens on in a lab node (ss -ltnH: local address in column 4)."""
+    lines = labkit.sh(name, "ss -ltnH").stdout.splitlines()
+    return {int(line.split()[3].rsplit(":", 1)[1]) for line in lines if line.split()}
+
+
+# Last in this file: two deploys (the head's ray.env loses RAY_PROMETHEUS_HOST and gets it back, so Ray restarts
+# twice), and the tests above need the monitoring on.
+def test_monitoring_switched_off_stops_on_every_node_and_comes_back_when_on(cluster, lab):
+    """Issue 35: monitoring_enabled false after true stopped nothing, and its ports left the firewall, so Prometheus
+    and node_exporter became reachable from anyone on the fabric. Off: nothing of it listens anywhere, the outsider
+    reaches none of its ports; on again: as before."""
+    rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", "monitoring_enabled=false")
+    try:
+        assert rc == 0, out[-3000:]
+        listening = {name: sorted(listening_ports(name) & set(MONITORING_PORTS)) for name in lab}
+        assert listening == {name: [] for name in lab}, listening
+        for name in lab:
+            state = labkit.sh(name, "systemctl is-active %s; systemctl is-enabled %s"
+                              % (" ".join(MONITORING_UNITS), " ".join(MONITORING_UNITS)), check=False).stdout.split()
+            # prometheus is installed on the head only (is-enabled says nothing for a unit that is not there).
+            assert set(state) <= {"inactive", "disabled"}, (name, state)
+        with labkit.outsider_on_fabric(lab, "monitoring-outsider", 202) as outsider:
+            reached = {(name, port): labkit.probe_from(outsider, hv["lab_fabric_ip"], port, timeout=2)
+                       for name, hv in lab.items() for port in MONITORING_PORTS}
+        assert [key for key, answer in reached.items() if answer == "open"] == [], reached
+    finally:
+        rc_on, out_on, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    assert rc_on == 0, out_on[-3000:]
+    labkit.wait_until(lambda: all_up(lab), 120, interval=3, what="every target up again")
+    assert all(main_pid(name, "prometheus-node-exporter") not in ("", "0") for name in lab)
