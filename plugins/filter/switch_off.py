@@ -68,7 +68,7 @@ def switch_off_plan(probe_lines, components, root=""):
     """
     states, exists, ours, others = {}, set(), set(), set()
     for line in probe_lines or []:
-        kind, _, rest = str(line).partition(" ")
+        kind, _sep, rest = str(line).partition(" ")
         if kind == "unit":
             fields = rest.split()
             if len(fields) == 3:

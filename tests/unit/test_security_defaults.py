@@ -76,7 +76,7 @@ def test_ray_temp_dir_is_sticky_closed_to_others_and_owned_by_root_so_ray_cannot
     """Was ray:ray 0777 (issue 35): anyone could remove or replace Ray's session directories. Ray 2.60 chmods a temp
     dir it owns back to 0777 at every start, so the owner must be root (and the mode then stays: idempotent)."""
     tasks = yaml.safe_load((ROOT / "roles" / "ray" / "tasks" / "configure.yml").read_text())
-    dirs = next(t for t in tasks if "node_files" in t)["vars"]["__ray_config_dirs"]
+    dirs = next(t for t in tasks if "raymetal.cluster.node_files" in t)["vars"]["__ray_config_dirs"]
     temp = next(d for d in dirs if d["path"] == "{{ ray_temp_dir }}")
     assert (temp["owner"], temp["group"], temp["mode"]) == ("root", "{{ ray_group }}", "1770")
     mode = int(temp["mode"], 8)
@@ -102,7 +102,7 @@ def test_every_secret_variable_is_no_log_in_its_argument_spec():
 def test_ray_env_and_the_token_never_show_in_a_diff():
     """ray.env was secret only while Redis was on: the run that turned it off printed the password as the old content."""
     tasks = yaml.safe_load((ROOT / "roles" / "ray" / "tasks" / "configure.yml").read_text())
-    files = next(t for t in tasks if "node_files" in t)["vars"]["__ray_config_files"]
+    files = next(t for t in tasks if "raymetal.cluster.node_files" in t)["vars"]["__ray_config_files"]
     env = next(f for f in files if f["path"] == "{{ ray_config_dir }}/ray.env")
     assert env["secret"] is True
     token = next(t for t in tasks if t.get("register") == "__ray_token_file")
@@ -113,7 +113,7 @@ def test_redis_config_is_roots_and_config_rewrite_cannot_persist():
     """Was redis:redis 0640 (issue 35): CONFIG SET requirepass "" + CONFIG REWRITE survived a restart."""
     tasks = yaml.safe_load((ROOT / "roles" / "gcs_redis" / "tasks" / "main.yml").read_text())
     block = next(t for t in tasks if "block" in t)["block"]
-    files = next(t for t in block if "node_files" in t)["node_files"]["files"]
+    files = next(t for t in block if "raymetal.cluster.node_files" in t)["raymetal.cluster.node_files"]["files"]
     conf = next(f for f in files if f["path"] == "{{ __gcs_redis_conf }}")
     assert (conf["owner"], conf["group"], conf["mode"], conf["secret"]) == ("root", "redis", "0640", True)
     template = (ROOT / "roles" / "gcs_redis" / "templates" / "raymetal-gcs.conf.j2").read_text()
