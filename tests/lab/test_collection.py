@@ -82,7 +82,12 @@ def test_collection_builds_installs_and_runs_by_fqcn(lab, cluster, tmp_path):
           tarball], cwd=project, env=install_env)
     installed = project / "collections" / "ansible_collections" / "raymetal" / "cluster"
     assert (installed / "plugins" / "module_utils" / "raymetal_sysfs.py").is_file()
-    assert not (installed / "tests").exists() and not (installed / ".venv").exists()
+    # The collection ships ansible-test's sanity ignore file and config (tests/sanity, tests/config.yml), as
+    # Galaxy expects, and none of the test suite: no unit or lab tests, no fixtures, no venv.
+    shipped_tests = sorted(p.relative_to(installed).as_posix() for p in (installed / "tests").rglob("*") if p.is_file())
+    assert shipped_tests and all(p == "tests/config.yml" or p.startswith("tests/sanity/") for p in shipped_tests), \
+        shipped_tests
+    assert not (installed / ".venv").exists()
 
     (project / "ansible.cfg").write_text(textwrap.dedent("""\
         [defaults]
