@@ -207,8 +207,30 @@ def _ray_cluster(data: Dict[str, Any], playbook: str) -> Dict[str, Any]:
 
 def deploy(inventory: str, extravars: Optional[Dict[str, Any]] = None, limit: Optional[str] = None,
            on_event: Optional[EventCallback] = None) -> Dict[str, Any]:
-    """Run site.yml against ``inventory`` and return the ray_cluster fact of the deployed cluster."""
-    return _ray_cluster(run_playbook(SITE_PLAYBOOK, inventory, extravars, limit, on_event), SITE_PLAYBOOK)
+    """Run site.yml against ``inventory`` and return the ray_cluster fact of the deployed cluster.
+
+    A deploy that went on without unreachable workers (``raymetal_max_unreachable``; ansible-playbook's exit
+    status 4) returns the cluster too: its ``left_out`` maps each of those workers to the reason. Any other
+    failure raises :class:`RaymetalError`.
+    """
+    try:
+        data = run_playbook(SITE_PLAYBOOK, inventory, extravars, limit, on_event)
+    except RaymetalError as err:
+        if not degraded_deploy(err):
+            raise
+        data = err.stats
+    return _ray_cluster(data, SITE_PLAYBOOK)
+
+
+def degraded_deploy(err: RaymetalError) -> bool:
+    """Whether a failed site.yml run is a deploy that converged every node but the unreachable workers it left out
+    on purpose: exit status 4, a published cluster whose ``left_out`` names every host that failed, and each of
+    those failures an unreachable host."""
+    cluster = err.stats.get("ray_cluster")
+    if err.rc != 4 or not isinstance(cluster, dict) or not cluster.get("left_out"):
+        return False
+    left_out = set(cluster["left_out"])
+    return bool(err.failures) and all(f.get("unreachable") and f.get("host") in left_out for f in err.failures)
 
 
 def status(inventory: str, on_event: Optional[EventCallback] = None,

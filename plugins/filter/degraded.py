@@ -1,0 +1,106 @@
+"""Filters for a deploy that goes on around unreachable workers (raymetal_max_unreachable)."""
+
+from __future__ import annotations
+
+import re
+
+_PERCENT = re.compile(r"^\s*(\d{1,3})\s*%\s*$")
+
+
+def _why(message):
+    """The useful part of Ansible's message for an unreachable host: ssh's own words where it has them."""
+    text = " ".join(str(message or "").split())
+    match = re.search(r".*(ssh: .*)$", text)
+    return (match.group(1) if match else text)[:200] or "no answer"
+
+
+def unreachable_budget(value, workers):
+    """The number of workers a run may leave out: ``value`` is a count (``2``) or a share of the workers
+    (``"10%"``, rounded down). Returns ``(count, problem)``; ``problem`` is '' when ``value`` is valid."""
+    fix = ("Fix: set raymetal_max_unreachable to a whole number of workers (0 = every host must be reachable) "
+           "or to a percentage of the workers such as '5%'.")
+    if isinstance(value, bool):
+        return 0, "raymetal_max_unreachable=%r is not a count or a percentage. %s" % (value, fix)
+    if isinstance(value, int):
+        if value < 0:
+            return 0, "raymetal_max_unreachable=%d is negative. %s" % (value, fix)
+        return value, ""
+    text = str(value if value is not None else "").strip()
+    if text.isdigit():
+        return int(text), ""
+    match = _PERCENT.match(text)
+    if match and int(match.group(1)) <= 100:
+        return int(match.group(1)) * len(workers) // 100, ""
+    return 0, "raymetal_max_unreachable=%r is not a count or a percentage. %s" % (value, fix)
+
+
+def unreachable_plan(unreachable, workers, budget, critical=None, allowed=True):
+    """Decide what a run does with the hosts it could not reach.
+
+    ``unreachable`` maps each unreachable host to Ansible's message; ``workers`` lists the inventory's
+    workers; ``budget`` is raymetal_max_unreachable; ``critical`` maps the hosts no run may go on without
+    (the head, the Redis host, the monitoring host, the wheelhouse mirror host) to what they serve;
+    ``allowed`` is false for playbooks that never go on without a host.
+
+    Returns ``{"left_out": {host: reason}, "refused": message}``: either the workers left out (refused is
+    '') or the reason the run stops before any change (left_out is empty).
+    """
+    unreachable = dict(unreachable or {})
+    critical = dict(critical or {})
+    workers = list(workers or [])
+    if not unreachable:
+        return {"left_out": {}, "refused": ""}
+    names = sorted(unreachable)
+
+    def listing(hosts):
+        return "; ".join("%s (%s)" % (h, _why(unreachable[h])) for h in hosts)
+
+    count, problem = unreachable_budget(budget, workers)
+    if problem:
+        return {"left_out": {}, "refused": problem}
+    vital = [h for h in names if h in critical or h not in workers]
+    if vital:
+        roles = ", ".join("%s is %s" % (h, critical.get(h, "not a worker")) for h in vital)
+        return {"left_out": {}, "refused": (
+            "%d host(s) cannot be reached, so nothing was changed anywhere: %s. The run cannot go on without "
+            "%s (%s). Fix: bring %s back (check SSH: ansible -i <inventory> -m ansible.builtin.ping %s)."
+            % (len(names), listing(names), "it" if len(vital) == 1 else "them", roles,
+               "it" if len(vital) == 1 else "them", " ".join(vital)))}
+    if not allowed or len(names) > count:
+        over = ("raymetal_max_unreachable allows %d of the %d worker(s) to be left out" % (count, len(workers))
+                if allowed else "this playbook needs every host")
+        hint = ("bring them back, remove them from the inventory, or raise raymetal_max_unreachable"
+                if allowed else "bring them back or remove them from the inventory")
+        return {"left_out": {}, "refused": (
+            "%d host(s) cannot be reached, so nothing was changed anywhere (%s): %s. Fix: check SSH to those "
+            "hosts (ansible -i <inventory> -m ansible.builtin.ping <host>), then %s."
+            % (len(names), over, listing(names), hint))}
+    return {"left_out": {h: "unreachable (%s)" % _why(unreachable[h]) for h in names}, "refused": ""}
+
+
+def exclude_pattern(pattern, hosts):
+    """A host pattern that is ``pattern`` without ``hosts`` (``ray_cluster:!w3:!w7``)."""
+    return ":".join([pattern] + ["!" + h for h in sorted(hosts or [])])
+
+
+def cluster_members(hosts, hostvars):
+    """{host: {"address": fabric IP, "ray_ports": [...]}} for the hosts whose address this run knows: what the
+    head records after a deploy, so that a later run that leaves a worker out keeps its address and ports."""
+    members = {}
+    for host in hosts or []:
+        hvars = hostvars[host] if host in hostvars else {}
+        address = str(hvars.get("ray_node_ip") or "").split("/", 1)[0]
+        if address:
+            members[host] = {"address": address, "ray_ports": list(hvars.get("ray_ports") or [])}
+    return members
+
+
+class FilterModule:
+    """Degraded-mode deploy filters."""
+
+    def filters(self):
+        return {
+            "unreachable_plan": unreachable_plan,
+            "exclude_pattern": exclude_pattern,
+            "cluster_members": cluster_members,
+        }

@@ -1,0 +1,101 @@
+"""The degraded-mode deploy's decisions (plugins/filter/degraded.py): which unreachable workers a deploy leaves out
+under raymetal_max_unreachable, and when it stops before any change instead."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.raymetal.cluster.plugins.filter import degraded as d
+from raymetal import runner
+
+WORKERS = ["w1", "w2", "w3", "w4"]
+SSH = ('Task failed: Data could not be sent to remote host "10.0.0.3". Make sure this host can be reached over ssh: '
+       "ssh: connect to host 10.0.0.3 port 22: No route to host")
+
+
+def test_every_host_reached_leaves_nothing_out_whatever_the_budget():
+    assert d.unreachable_plan({}, WORKERS, 0) == {"left_out": {}, "refused": ""}
+    assert d.unreachable_plan({}, WORKERS, "bogus") == {"left_out": {}, "refused": ""}
+
+
+def test_the_default_budget_refuses_one_unreachable_worker_and_names_it():
+    plan = d.unreachable_plan({"w3": SSH}, WORKERS, 0)
+    assert plan["left_out"] == {}
+    assert "w3 (ssh: connect to host 10.0.0.3 port 22: No route to host)" in plan["refused"]
+    assert "nothing was changed anywhere" in plan["refused"] and "raymetal_max_unreachable" in plan["refused"]
+
+
+def test_within_the_budget_the_workers_are_left_out_with_ssh_s_reason():
+    plan = d.unreachable_plan({"w3": SSH}, WORKERS, 1)
+    assert plan == {"left_out": {"w3": "unreachable (ssh: connect to host 10.0.0.3 port 22: No route to host)"},
+                    "refused": ""}
+
+
+@pytest.mark.parametrize("budget, allowed", [(1, 1), ("1", 1), ("25%", 1), ("49%", 1), ("50%", 2), ("100%", 4), ("0%", 0)])
+def test_a_budget_is_a_count_or_a_share_of_the_workers_rounded_down(budget, allowed):
+    assert d.unreachable_budget(budget, WORKERS) == (allowed, "")
+
+
+@pytest.mark.parametrize("budget", [-1, "-1", "x", "150%", "1.5", True, None])
+def test_a_bad_budget_refuses_with_the_variable_and_the_fix(budget):
+    plan = d.unreachable_plan({"w3": SSH}, WORKERS, budget)
+    assert plan["left_out"] == {} and plan["refused"].startswith("raymetal_max_unreachable=")
+    assert "Fix: set raymetal_max_unreachable" in plan["refused"]
+
+
+def test_over_the_budget_nothing_is_left_out():
+    plan = d.unreachable_plan({"w3": SSH, "w4": "timeout"}, WORKERS, 1)
+    assert plan["left_out"] == {}
+    assert plan["refused"].startswith("2 host(s) cannot be reached") and "allows 1 of the 4 worker(s)" in plan["refused"]
+
+
+@pytest.mark.parametrize("host, what", [("head", "the head"), ("w2", "the Redis host of the GCS store"),
+                                        ("w1", "the wheelhouse mirror host")])
+def test_a_host_that_serves_the_cluster_refuses_whatever_the_budget(host, what):
+    critical = {"head": "the head", "w2": "the Redis host of the GCS store", "w1": "the wheelhouse mirror host"}
+    plan = d.unreachable_plan({host: SSH}, WORKERS, "100%", critical)
+    assert plan["left_out"] == {} and "%s is %s" % (host, what) in plan["refused"]
+
+
+def test_a_host_that_is_not_a_worker_is_never_left_out():
+    plan = d.unreachable_plan({"stray": SSH}, WORKERS, 5)
+    assert plan["left_out"] == {} and "stray is not a worker" in plan["refused"]
+
+
+def test_a_playbook_that_needs_every_host_refuses_even_within_the_budget():
+    plan = d.unreachable_plan({"w3": SSH}, WORKERS, 2, {}, False)
+    assert plan["left_out"] == {} and "this playbook needs every host" in plan["refused"]
+
+
+def test_the_play_pattern_excludes_the_left_out_hosts():
+    assert d.exclude_pattern("ray_cluster", []) == "ray_cluster"
+    assert d.exclude_pattern("ray_cluster", ["w7", "w3"]) == "ray_cluster:!w3:!w7"
+
+
+def test_the_head_records_every_known_member_with_its_ports():
+    hostvars = {"head": {"ray_node_ip": "10.0.0.1", "ray_ports": [{"name": "gcs", "port": 6379}]},
+                "w1": {"ray_node_ip": "10.0.0.2/24"}, "w2": {}}
+    assert d.cluster_members(["head", "w1", "w2", "gone"], hostvars) == {
+        "head": {"address": "10.0.0.1", "ray_ports": [{"name": "gcs", "port": 6379}]},
+        "w1": {"address": "10.0.0.2", "ray_ports": []}}
+
+
+def _error(rc, left_out, failures):
+    return runner.RaymetalError("site.yml failed", failures=failures, rc=rc,
+                                stats={"ray_cluster": {"left_out": left_out, "nodes": []}})
+
+
+def test_the_api_returns_a_deploy_that_left_out_unreachable_workers():
+    err = _error(4, {"w3": "unreachable (...)"}, [{"host": "w3", "unreachable": True}])
+    assert runner.degraded_deploy(err)
+
+
+@pytest.mark.parametrize("rc, left_out, failures", [
+    (2, {"w3": "x"}, [{"host": "w3", "unreachable": True}]),            # a task failed
+    (4, {}, [{"host": "w3", "unreachable": True}]),                     # nobody was left out on purpose
+    (4, {"w3": "x"}, [{"host": "w4", "unreachable": True}]),            # another host was lost
+    (4, {"w3": "x"}, [{"host": "w3", "unreachable": True}, {"host": "head", "unreachable": False}]),
+    (4, {"w3": "x"}, []),
+])
+def test_the_api_raises_for_any_other_failure(rc, left_out, failures):
+    assert not runner.degraded_deploy(_error(rc, left_out, failures))
