@@ -136,6 +136,28 @@ def invocation_ids(lab: dict[str, dict], names=None) -> dict[str, str]:
             for name in (lab if names is None else names)}
 
 
+# Names the management NIC eth0 again once the image's raymetal-lab-fabric unit has named the fabric NIC ib0.
+_MGMT_NAME = """
+for i in $(seq 100); do ip link show ib0 >/dev/null 2>&1 && break; sleep 0.2; done
+dev=$(ip -o -4 addr show | awk -v want="$1" '{split($4, a, "/"); if (a[1] == want) {print $2; exit}}')
+[ -z "$dev" ] || [ "$dev" = eth0 ] || ip link show eth0 >/dev/null 2>&1 \
+  || { ip link set "$dev" down && ip link set "$dev" name eth0 && ip link set eth0 up; }
+"""
+
+
+def start_node(name: str) -> None:
+    """docker start a stopped lab node (a powered-off host coming back) with the NIC names it had.
+
+    Docker attaches the lab's two networks in either order at a start: the image's raymetal-lab-fabric unit names
+    the fabric NIC ib0 again, and this names the management NIC eth0 again (a real host's NIC names survive a
+    power cycle; tests that read the candidates of fabric_facts expect eth0). Through docker exec, not SSH.
+    """
+    subprocess.run(["docker", "start", name], check=True, capture_output=True, timeout=120)
+    mgmt = lab_hosts()[name]["ansible_host"]
+    subprocess.run(["docker", "exec", name, "sh", "-c", _MGMT_NAME, "sh", mgmt], check=True, capture_output=True,
+                   timeout=60)
+
+
 def sh(container: str, script: str, *, check: bool = True, timeout: int = 120, user: str | None = None):
     """Run a shell script inside a lab container; return CompletedProcess."""
     cmd = ["docker", "exec"]

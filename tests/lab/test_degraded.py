@@ -5,7 +5,8 @@ any change. The worker back, the next deploy takes the full path (saying why) an
 
 The lab has a head and two workers (the issue's lab has four): "two unreachable with a budget of one" stops both
 workers. The head is made unreachable by freezing its container (docker pause) for the few seconds validation
-takes, so that Ray on it is not restarted.
+takes, so that Ray on it is not restarted. A stopped worker comes back through labkit.start_node, which keeps its
+NIC names (Docker attaches the lab's networks in either order at a start).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def test_a_deploy_goes_on_without_an_unreachable_worker_within_the_budget_and_it
             assert rc == 2 and all(s["changed"] == 0 for s in stats.values()), (rc, stats)
             assert "2 host(s) cannot be reached" in flat(out) and "allows 1 of the 2 worker(s)" in flat(out), out[-3000:]
         finally:
-            docker("start", labkit.WORKER1)
+            labkit.start_node(labkit.WORKER1)
 
         # The head unreachable (frozen for the few seconds validation takes): refused whatever the budget.
         head_before = labkit.invocation_ids(lab, [HEAD])
@@ -89,7 +90,7 @@ def test_a_deploy_goes_on_without_an_unreachable_worker_within_the_budget_and_it
         assert f"{HEAD} is the head" in flat(out), out[-3000:]
         assert labkit.invocation_ids(lab, [HEAD]) == head_before
     finally:
-        docker("start", gone)
+        labkit.start_node(gone)
     # Back: Ray's unit starts at boot and the worker rejoins; worker1 (stopped above) too.
     labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, interval=3, what="every node alive again")
     # The next deploy takes the full path, and says the worker was left out of the last one.
