@@ -56,11 +56,18 @@ deploy: venv ## Deploy onto INVENTORY (default: the lab)
 status: venv ## Print the cluster's nodes and resources
 	$(BIN)/ansible-playbook playbooks/status.yml -i $(INVENTORY)
 
-docs: venv ## Regenerate the options section of every roles/*/README.md from its meta/argument_specs.yml (aar-doc)
-	$(BIN)/python tools/role_docs.py
+# The docs site: antsibull-docs and Sphinx, warnings as errors (tools/docsite/build.sh), offline.
+DOCSITE ?= build/docsite
 
-lint: venv ## Role READMEs up to date with their specs, yamllint, ansible-lint (production profile), ansible-test sanity
+docs: venv ## Role READMEs' options from meta/argument_specs.yml (aar-doc), then the docs site in build/docsite/html (antsibull-docs)
+	$(BIN)/python tools/role_docs.py
+	bash tools/docsite/build.sh $(DOCSITE)
+	@echo "docs site: $(DOCSITE)/html/index.html"
+
+lint: venv ## Role READMEs up to date, docs site builds, changelog fragments valid, yamllint, ansible-lint (production profile), ansible-test sanity
 	$(BIN)/python tools/role_docs.py --check
+	bash tools/docsite/build.sh $(DOCSITE)
+	$(BIN)/antsibull-changelog lint
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --strict
 	BIN=$(CURDIR)/$(BIN) bash tools/sanity.sh

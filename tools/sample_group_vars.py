@@ -38,7 +38,11 @@ def options():
     for spec_file in sorted(ROOT.glob("roles/*/meta/argument_specs.yml")):
         role = spec_file.parts[-3]
         specs = yaml.safe_load(spec_file.read_text())["argument_specs"]
+        defaults = yaml.safe_load((spec_file.parents[1] / "defaults" / "main.yml").read_text()) or {}
         for name, spec in specs["main"]["options"].items():
+            if "default" not in spec and isinstance(defaults.get(name), str) and "{{" in defaults[name]:
+                # A computed default the spec cannot state in its type (a templated bool): the role's own.
+                spec = dict(spec, default=defaults[name])
             yield role, name, spec
 
 
