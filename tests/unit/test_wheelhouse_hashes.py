@@ -278,3 +278,24 @@ def test_the_builder_downloads_wheels_only_and_refuses_a_source_package(tmp_path
         wh.build(str(tmp_path / "wh"), ["ray==2.60.0"], [], run=pip)
     assert "holds source distributions" in str(err.value) and "PyYAML-6.0.3.tar.gz" in str(err.value)
     assert len(calls) == 1  # refused before pip ran again
+
+
+# --- the role ---
+
+def test_the_hashes_file_lies_in_the_config_directory_made_as_configure_makes_it():
+    """install-venv.yml makes ray_config_dir for the hashes file before configure.yml does: the same entry, or the
+    two would change its owner or mode back and forth on every run."""
+    import yaml
+
+    role = ROOT / "roles" / "ray"
+    role_vars = yaml.safe_load((role / "vars" / "main.yml").read_text())
+    assert role_vars["__ray_hashes_file"].startswith("{{ ray_config_dir }}/")
+    tasks = yaml.safe_load((role / "tasks" / "configure.yml").read_text())
+    dirs = next(t for t in tasks if "raymetal.cluster.node_files" in t)["vars"]["__ray_config_dirs"]
+    assert role_vars["__ray_config_dir_entry"] in dirs
+    # The fast path watches ray_config_dir, so a hand edit of the hashes file sends the next deploy the full way.
+    watched = yaml.safe_load((ROOT / "playbooks" / "vars" / "applied_state.yml").read_text())["raymetal_applied_watch"]
+    assert "{{ ray_config_dir | default('/etc/ray') }}" in watched["paths"]
+    install = yaml.safe_load((role / "tasks" / "install-venv.yml").read_text())
+    pip = next(t for t in install if "block" in t)["block"][0]["ansible.builtin.pip"]
+    assert pip["requirements"] == "{{ __ray_hashes_file if __ray_hashed_run else omit }}"
