@@ -5,10 +5,14 @@
         [--index-url URL] 'ray[default]==2.60.0' numpy==2.2.6 ...
 
 ``pip download`` of the requirements and all their dependencies into DIR, for
-the nodes' Python: when their Python release, machine and C library match this
-interpreter's, a plain ``pip download`` (sdists allowed, like a pip install
-here); otherwise wheels only, for ``--python-version`` and the manylinux
-platforms the nodes' glibc accepts (or the ``--platform`` tags given).
+the nodes' Python: wheels only, always (``--only-binary=:all:``: the nodes
+install with ``--require-hashes`` and never build a source package, whose
+build code would run as root there). When the nodes' Python release, machine
+and C library match this interpreter's, a plain ``pip download`` of wheels;
+otherwise for ``--python-version`` and the manylinux platforms the nodes'
+glibc accepts (or the ``--platform`` tags given). A wheelhouse that holds a
+source distribution (left by hand, or by an older raymetal) is refused, the
+file named, before pip runs.
 
 Cached and idempotent: pip first tries to satisfy every requirement from DIR
 alone (``--no-index``); when it can, nothing is downloaded and DIR is left as it
@@ -114,6 +118,14 @@ def held_versions(files: Sequence[str]) -> Dict[str, str]:
     return {dist: versions.pop() for dist, versions in seen.items() if len(versions) == 1}
 
 
+SDIST_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tar", ".zip", ".egg")
+
+
+def source_distributions(files: Sequence[str]) -> List[str]:
+    """The source distributions among files (what the nodes refuse to install)."""
+    return sorted(name for name in files if name.lower().endswith(SDIST_SUFFIXES))
+
+
 def _pip_error(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     wanted = [line for line in lines if line.startswith("ERROR")]
@@ -126,7 +138,15 @@ def build(dest: str, requirements: Sequence[str], target: Sequence[str], index_u
     if not requirements:
         raise WheelhouseError("no requirements given")
     os.makedirs(dest, exist_ok=True)
+    sdists = source_distributions(_files(dest))
+    if sdists:
+        raise WheelhouseError(
+            "%s holds source distributions, which the nodes never install (pip would build them, running their "
+            "code as root there): %s. Remove them and run again: only wheels are downloaded"
+            % (dest, ", ".join(sdists)))
     pip = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet", "-d", dest]
+    if "--only-binary=:all:" not in target:
+        pip.append("--only-binary=:all:")
     env = dict(os.environ, PIP_NO_INPUT="1")
     offline = run(pip + ["--no-index", "--find-links", dest] + list(target) + list(requirements),
                   capture_output=True, text=True, env=env)
@@ -150,9 +170,9 @@ def build(dest: str, requirements: Sequence[str], target: Sequence[str], index_u
         online = run(pip + index + list(target) + list(requirements), capture_output=True, text=True, env=env)
     if online.returncode != 0:
         raise WheelhouseError(
-            "pip download into %s failed for %s: %s. Check each name and pinned version on the index; for "
-            "nodes whose Python or platform differs from this machine's only wheels can be fetched, so a "
-            "package without a wheel for them needs a wheelhouse built on a machine like the nodes"
+            "pip download into %s failed for %s: %s. Check each name and pinned version on the index; only "
+            "wheels are fetched (the nodes install nothing else), so a package without a wheel for the nodes' "
+            "Python and platform must be built into a wheel on a machine like them and put in the wheelhouse"
             % (dest, " ".join(requirements), _pip_error(online.stderr)))
     report["added"] = sorted(set(_files(dest)) - before)
     report["changed"] = bool(report["added"])

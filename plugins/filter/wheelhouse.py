@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 
 # packaging is a dependency of ansible-core, so every controller has it; the guard lets the filters
 # load (as ansible-test's import check demands) and name the missing package only when one is used.
 try:
     from packaging import tags as _tags
+    from packaging.markers import UndefinedComparison, UndefinedEnvironmentName
     from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
     from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name,
                                  parse_sdist_filename, parse_wheel_filename)
-    from packaging.version import InvalidVersion
+    from packaging.version import InvalidVersion, Version
 except ImportError as err:  # pragma: no cover - ansible-core itself requires packaging
     PACKAGING_IMPORT_ERROR = err
 else:
@@ -142,15 +145,224 @@ def wheelhouse_pip_source(install_source, fanout="mirror", is_mirror=False, mirr
     if source == "index":
         args = ["--index-url", str(index_url)] if index_url else []
         return {"kind": "index", "args": args, "where": str(index_url) or "the index in pip's configuration"}
+    # Wheels only (a source package would run its build code as root), and every file checked against the
+    # sha256 in the requirements file (wheelhouse_hash_requirements) that the pip run is given.
+    verified = ["--only-binary", ":all:", "--require-hashes"]
     if source == "path" or str(fanout) == "copy" or _truthy(is_mirror):
-        return {"kind": "local", "args": ["--no-index", "--find-links", str(wheelhouse_dir)],
+        return {"kind": "local", "args": ["--no-index", "--find-links", str(wheelhouse_dir)] + verified,
                 "where": str(wheelhouse_dir)}
     if str(fanout) != "mirror":
         raise ValueError("ray_wheelhouse_fanout=%r: expected mirror or copy" % (fanout,))
     url = "http://%s:%d/" % (mirror_ip or "(no mirror address)", int(mirror_port))
-    # pip refuses a plain-HTTP location unless it is a trusted host; --no-cache-dir keeps no second copy.
+    # pip refuses a plain-HTTP location unless it is a trusted host: the hashes, not the transport, vouch for
+    # each file. --no-cache-dir keeps no second copy.
     return {"kind": "mirror", "args": ["--no-index", "--find-links", url, "--trusted-host", str(mirror_ip),
-                                       "--no-cache-dir"], "where": url}
+                                       "--no-cache-dir"] + verified, "where": url}
+
+
+# Source distributions: pip would build them, running their setup code as root on the node.
+SDIST_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tar", ".zip", ".egg")
+
+
+def wheelhouse_sdists(filenames):
+    """The source distributions among filenames (base names, sorted): raymetal installs wheels only."""
+    return sorted(set(os.path.basename(str(p)) for p in filenames or []
+                      if not os.path.basename(str(p)).startswith(".")
+                      and os.path.basename(str(p)).lower().endswith(SDIST_SUFFIXES)))
+
+
+def _marker_env(python_version, machine):
+    """The PEP 508 marker environment of a Linux CPython python_version (X.Y or X.Y.Z) on machine."""
+    release = "%d.%d" % _python_release(python_version)
+    full = str(python_version).strip() if str(python_version).count(".") >= 2 else release + ".0"
+    return {"python_version": release, "python_full_version": full, "implementation_version": full,
+            "implementation_name": "cpython", "platform_python_implementation": "CPython", "os_name": "posix",
+            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": str(machine),
+            "platform_release": "", "platform_version": "", "extra": ""}
+
+
+def _applies(req, env, extras=()):
+    """Whether a requirement's marker holds on the node for any of the extras asked (or none)."""
+    if req.marker is None:
+        return True
+    for extra in [""] + sorted(extras):
+        try:
+            if req.marker.evaluate(dict(env, extra=extra)):
+                return True
+        except (UndefinedComparison, UndefinedEnvironmentName):
+            return False
+    return False
+
+
+def _node_candidates(wheels, python_version, machine):
+    """{project: {Version: [(file, info)]}} of the wheels that the node's Python and machine install."""
+    from ansible.errors import AnsibleFilterError
+
+    accepted = _accepted(_python_release(python_version))
+    full = Version(_marker_env(python_version, machine)["python_full_version"])
+    found = {}
+    for name, info in sorted((wheels or {}).items()):
+        try:
+            project, version, dummy, wheel_tags = parse_wheel_filename(os.path.basename(name))
+        except (InvalidWheelFilename, InvalidVersion):
+            continue
+        if not any((t.interpreter, t.abi) in accepted and (t.platform == "any" or t.platform.endswith("_" + machine))
+                   for t in wheel_tags):
+            continue
+        requires_python = str((info or {}).get("requires_python") or "")
+        try:
+            if requires_python and not SpecifierSet(requires_python).contains(full, prereleases=True):
+                continue
+        except InvalidSpecifier:
+            pass
+        if not (info or {}).get("sha256"):
+            raise AnsibleFilterError("wheelhouse_hash_requirements: no sha256 for %s" % name)
+        found.setdefault(canonicalize_name(project), {}).setdefault(version, []).append((name, info))
+    return found
+
+
+def _best(versions, asked):
+    """The highest version of versions that every (Requirement, asker) of asked accepts, or None."""
+    fitting = [v for v in versions if all(req.specifier.contains(v, prereleases=True) for req, dummy in asked)]
+    return max(fitting) if fitting else None
+
+
+def _requires(files, env, extras):
+    """The requirements of one version (every wheel of it the node may take) that hold on the node."""
+    found, seen = [], set()
+    for dummy, info in files:
+        for text in info.get("requires_dist") or []:
+            try:
+                req = Requirement(str(text))
+            except InvalidRequirement:
+                continue
+            if str(req) not in seen and _applies(req, env, extras):
+                seen.add(str(req))
+                found.append(req)
+    return found
+
+
+def wheelhouse_hash_requirements(scan, requirements, python_version, machine="x86_64", where="the wheelhouse"):
+    """The pip --require-hashes requirements file of one node (see wheelhouse_hash_requirements.yml)."""
+    _need_packaging("wheelhouse_hash_requirements")
+    from ansible.errors import AnsibleFilterError
+
+    scan = scan or {}
+    refused = wheelhouse_sdists(scan.get("refused") or [])
+    if refused:
+        raise AnsibleFilterError(
+            "%s holds source distributions, which raymetal never installs (pip would build them, running their "
+            "code as root on the node): %s. Fix: remove them and put wheels in their place (playbooks/wheelhouse.yml "
+            "downloads wheels only)" % (where, ", ".join(refused)))
+    problems = scan.get("problems") or {}
+    if problems:
+        raise AnsibleFilterError("%s holds wheels that cannot be read: %s. Fix: download them again" % (
+            where, "; ".join("%s: %s" % item for item in sorted(problems.items()))))
+    try:
+        env = _marker_env(python_version, machine)
+    except ValueError as err:
+        raise AnsibleFilterError("wheelhouse_hash_requirements: %s" % err)
+    candidates = _node_candidates(scan.get("wheels") or {}, python_version, machine)
+    top = []
+    for spec in requirements or []:
+        try:
+            req = Requirement(str(spec))
+        except InvalidRequirement as err:
+            raise AnsibleFilterError("%r is not a pip requirement: %s" % (spec, str(err).splitlines()[0]))
+        if _applies(req, env):
+            top.append(req)
+    picks = {}
+    # Highest version that every asker accepts, then again with the dependencies of those versions, until
+    # nothing moves: the choice pip makes from a wheelhouse that pip download filled for these requirements.
+    for dummy in range(len(candidates) + 2):
+        asked, extras, expanded = {}, {}, {}
+        queue = [(req, "the requirements") for req in top]
+        while queue:
+            req, asker = queue.pop(0)
+            name = canonicalize_name(req.name)
+            asked.setdefault(name, []).append((req, asker))
+            extras.setdefault(name, set()).update(str(e).lower() for e in req.extras)
+            version = picks.get(name)
+            if version is None or not all(r.specifier.contains(version, prereleases=True) for r, a in asked[name]):
+                version = _best(candidates.get(name, {}), asked[name])
+            if version is None:
+                continue
+            key = (version, frozenset(extras[name]))
+            if expanded.get(name) == key:
+                continue
+            expanded[name] = key
+            queue.extend((dep, "%s %s" % (name, version))
+                         for dep in _requires(candidates[name][version], env, extras[name]))
+        chosen = {}
+        missing = []
+        for name, reqs in sorted(asked.items()):
+            version = _best(candidates.get(name, {}), reqs)
+            if version is None:
+                have = sorted(candidates.get(name, {}))
+                missing.append("%s (%s; the wheelhouse has %s for Python %s on %s)" % (
+                    name, ", ".join("%s%s from %s" % (name, r.specifier or "", a) for r, a in reqs),
+                    ", ".join(str(v) for v in have) or "no wheel", python_version, machine))
+            else:
+                chosen[name] = version
+        if missing:
+            raise AnsibleFilterError(
+                "%s has no wheel that fits %s. Fix: rerun playbooks/wheelhouse.yml (or add those wheels)"
+                % (where, "; ".join(missing)))
+        if chosen == picks:
+            break
+        picks = chosen
+    else:
+        raise AnsibleFilterError("%s: the versions of %s never settled; pin them in ray_pip_packages"
+                                 % (where, ", ".join(sorted(picks))))
+    lines = ["# Written by raymetal (ray role) for pip --require-hashes: every package this node installs, pinned,",
+             "# with the sha256 of each wheel of that version its Python may take, hashed in %s." % where]
+    files = []
+    for name in sorted(picks):
+        version = picks[name]
+        label = name + ("[%s]" % ",".join(sorted(extras[name])) if extras.get(name) else "")
+        entries = candidates[name][version]
+        files.extend(file for file, dummy in entries)
+        hashes = sorted(set(info["sha256"] for dummy, info in entries))
+        lines.append("%s==%s \\" % (label, version))
+        lines.extend("    --hash=sha256:%s%s" % (h, " \\" if i < len(hashes) - 1 else "") for i, h in enumerate(hashes))
+    return {"text": "\n".join(lines) + "\n", "pins": dict((name, str(v)) for name, v in sorted(picks.items())),
+            "files": sorted(files)}
+
+
+_MISMATCH_HEAD = "DO NOT MATCH THE HASHES"
+_MISMATCH_FROM = re.compile(r"^\s*(?P<req>\S+) from (?P<url>\S+?)(?: \(from .*\))?:\s*$")
+_MISMATCH_EXPECTED = re.compile(r"^\s*Expected\s+(?P<algo>\w+)\s+(?P<hash>[0-9a-f]+)\s*$")
+_MISMATCH_GOT = re.compile(r"^\s*Got\s+(?P<hash>[0-9a-f]+)\s*$")
+
+
+def pip_hash_mismatches(stderr):
+    """[{requirement, url, file, expected, got}] for each file pip refused for its hash (see pip_hash_mismatches.yml)."""
+    found = []
+    current = None
+    seen_head = False
+    for line in str(stderr or "").splitlines():
+        if _MISMATCH_HEAD in line:
+            seen_head = True
+            continue
+        if not seen_head:
+            continue
+        match = _MISMATCH_FROM.match(line)
+        if match:
+            url = match.group("url")
+            current = {"requirement": match.group("req"), "url": url, "file": url.rstrip("/").rsplit("/", 1)[-1],
+                       "expected": [], "got": ""}
+            found.append(current)
+            continue
+        if current is None:
+            continue
+        match = _MISMATCH_EXPECTED.match(line)
+        if match:
+            current["expected"].append(match.group("hash"))
+            continue
+        match = _MISMATCH_GOT.match(line)
+        if match:
+            current["got"] = match.group("hash")
+    return found
 
 
 def _truthy(value):
@@ -164,4 +376,6 @@ class FilterModule(object):
 
     def filters(self):
         return {"wheelhouse_missing": wheelhouse_missing, "wheelhouse_for_python": wheelhouse_for_python,
-                "wheelhouse_pythons": wheelhouse_pythons, "wheelhouse_pip_source": wheelhouse_pip_source}
+                "wheelhouse_pythons": wheelhouse_pythons, "wheelhouse_pip_source": wheelhouse_pip_source,
+                "wheelhouse_sdists": wheelhouse_sdists, "wheelhouse_hash_requirements": wheelhouse_hash_requirements,
+                "pip_hash_mismatches": pip_hash_mismatches}

@@ -205,13 +205,14 @@ def test_with_the_mirror_every_other_node_installs_over_http_from_the_mirror_hos
     got = pip_source("wheelhouse", "mirror", False, "10.0.0.10", 8480, "/var/cache/raymetal/wheelhouse")
     assert got["kind"] == "mirror"
     assert got["args"] == ["--no-index", "--find-links", "http://10.0.0.10:8480/", "--trusted-host", "10.0.0.10",
-                           "--no-cache-dir"]
+                           "--no-cache-dir", "--only-binary", ":all:", "--require-hashes"]
     assert got["where"] == "http://10.0.0.10:8480/"
 
 
 def test_the_mirror_host_itself_installs_from_its_own_directory():
     got = pip_source("wheelhouse", "mirror", True, "10.0.0.10", 8480, "/var/cache/raymetal/wheelhouse")
-    assert got == {"kind": "local", "args": ["--no-index", "--find-links", "/var/cache/raymetal/wheelhouse"],
+    assert got == {"kind": "local", "args": ["--no-index", "--find-links", "/var/cache/raymetal/wheelhouse",
+                                             "--only-binary", ":all:", "--require-hashes"],
                    "where": "/var/cache/raymetal/wheelhouse"}
     # Ansible may hand the flag over as a string.
     assert pip_source("wheelhouse", "mirror", "True", "10.0.0.10", 8480, "/w")["kind"] == "local"
@@ -221,7 +222,8 @@ def test_the_mirror_host_itself_installs_from_its_own_directory():
 def test_copy_and_path_install_from_the_nodes_directory_and_never_from_the_mirror():
     for source, fanout in (("wheelhouse", "copy"), ("path", "mirror"), ("path", "copy")):
         got = pip_source(source, fanout, False, "10.0.0.10", 8480, "/srv/wh")
-        assert got["kind"] == "local" and got["args"] == ["--no-index", "--find-links", "/srv/wh"], (source, fanout)
+        assert got["kind"] == "local" and got["args"] == ["--no-index", "--find-links", "/srv/wh", "--only-binary",
+                                                          ":all:", "--require-hashes"], (source, fanout)
 
 
 def test_an_index_ignores_the_mirror():
