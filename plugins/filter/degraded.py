@@ -34,13 +34,14 @@ def unreachable_budget(value, workers):
     return 0, "raymetal_max_unreachable=%r is not a count or a percentage. %s" % (value, fix)
 
 
-def unreachable_plan(unreachable, workers, budget, critical=None, allowed=True):
+def unreachable_plan(unreachable, workers, budget, critical=None, allowed=True, addresses=None):
     """Decide what a run does with the hosts it could not reach.
 
     ``unreachable`` maps each unreachable host to Ansible's message; ``workers`` lists the inventory's
     workers; ``budget`` is raymetal_max_unreachable; ``critical`` maps the hosts no run may go on without
     (the head, the Redis host, the monitoring host, the wheelhouse mirror host) to what they serve;
-    ``allowed`` is false for playbooks that never go on without a host.
+    ``allowed`` is false for playbooks that never go on without a host; ``addresses`` maps hosts to their
+    ansible_host, named in the messages.
 
     Returns ``{"left_out": {host: reason}, "refused": message}``: either the workers left out (refused is
     '') or the reason the run stops before any change (left_out is empty).
@@ -52,8 +53,14 @@ def unreachable_plan(unreachable, workers, budget, critical=None, allowed=True):
         return {"left_out": {}, "refused": ""}
     names = sorted(unreachable)
 
+    addresses = dict(addresses or {})
+
+    def why(host):
+        address = addresses.get(host) or ""
+        return ("ansible_host=%s: " % address if address else "") + _why(unreachable[host])
+
     def listing(hosts):
-        return "; ".join("%s (%s)" % (h, _why(unreachable[h])) for h in hosts)
+        return "; ".join("%s (%s)" % (h, why(h)) for h in hosts)
 
     count, problem = unreachable_budget(budget, workers)
     if problem:
@@ -67,15 +74,15 @@ def unreachable_plan(unreachable, workers, budget, critical=None, allowed=True):
             % (len(names), listing(names), "it" if len(vital) == 1 else "them", roles,
                "it" if len(vital) == 1 else "them", " ".join(vital)))}
     if not allowed or len(names) > count:
-        over = ("raymetal_max_unreachable allows %d of the %d worker(s) to be left out" % (count, len(workers))
-                if allowed else "this playbook needs every host")
+        over = ("The budget (raymetal_max_unreachable=%s) allows %d of the %d worker(s) to be left out"
+                % (budget, count, len(workers)) if allowed else "This playbook needs every host")
         hint = ("bring them back, remove them from the inventory, or raise raymetal_max_unreachable"
                 if allowed else "bring them back or remove them from the inventory")
         return {"left_out": {}, "refused": (
-            "%d host(s) cannot be reached, so nothing was changed anywhere (%s): %s. Fix: check SSH to those "
+            "%d host(s) cannot be reached, so nothing was changed anywhere: %s. %s. Fix: check SSH to those "
             "hosts (ansible -i <inventory> -m ansible.builtin.ping <host>), then %s."
-            % (len(names), over, listing(names), hint))}
-    return {"left_out": {h: "unreachable (%s)" % _why(unreachable[h]) for h in names}, "refused": ""}
+            % (len(names), listing(names), over, hint))}
+    return {"left_out": {h: "unreachable (%s)" % why(h) for h in names}, "refused": ""}
 
 
 def exclude_pattern(pattern, hosts):

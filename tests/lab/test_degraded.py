@@ -47,7 +47,7 @@ def test_a_deploy_goes_on_without_an_unreachable_worker_within_the_budget_and_it
                    for n in others), stats
         assert "1 unreachable worker(s) left out of this deploy (raymetal_max_unreachable=1)" in flat(out), out[-3000:]
         assert "Left out of the cluster by this run (not converged, not waited for):" in flat(out)
-        assert f"{gone}: unreachable (ssh: connect to host" in flat(out)
+        assert f"{gone}: unreachable (ansible_host={lab[gone]['ansible_host']}: ssh: connect to host" in flat(out)
         assert labkit.invocation_ids(lab, others) == before, "Ray restarted on a node that stayed"
         # Its last known address stays in every firewall's member set and in Prometheus's targets.
         for name in others:
@@ -60,13 +60,13 @@ def test_a_deploy_goes_on_without_an_unreachable_worker_within_the_budget_and_it
         assert list(facts["left_out"]) == [gone], facts["left_out"]
         # status.yml names it with the reason the last deploy recorded.
         rc, out, _ = labkit.run_playbook("playbooks/status.yml", labkit.LAB_INVENTORY, "-e", "raymetal_status_report_only=true")
-        assert rc == 0 and f"left out 1 worker(s), which took none of its changes: {gone}: unreachable" in flat(out), out[-3000:]
+        assert rc == 0 and f"left out 1 worker(s), which took none of its changes: {gone}: unreachable (ansible_host=" in flat(out), out[-3000:]
 
         # Without a budget (the default 0): refused before any change, naming the host and the variable.
         rc, out, stats = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
         assert rc == 2 and all(s["changed"] == 0 for s in stats.values()), (rc, stats)
         assert "1 host(s) cannot be reached, so nothing was changed anywhere" in flat(out) and gone in flat(out)
-        assert "raymetal_max_unreachable allows 0 of the 2 worker(s)" in flat(out)
+        assert "The budget (raymetal_max_unreachable=0) allows 0 of the 2 worker(s) to be left out" in flat(out)
 
         # Two unreachable with a budget of 1: refused.
         docker("stop", "-t", "10", labkit.WORKER1)
@@ -74,7 +74,7 @@ def test_a_deploy_goes_on_without_an_unreachable_worker_within_the_budget_and_it
             rc, out, stats = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", "raymetal_max_unreachable=1",
                                                  "-e", QUICK)
             assert rc == 2 and all(s["changed"] == 0 for s in stats.values()), (rc, stats)
-            assert "2 host(s) cannot be reached" in flat(out) and "allows 1 of the 2 worker(s)" in flat(out), out[-3000:]
+            assert "2 host(s) cannot be reached" in flat(out) and "(raymetal_max_unreachable=1) allows 1 of the 2 worker(s)" in flat(out), out[-3000:]
         finally:
             labkit.start_node(labkit.WORKER1)
 

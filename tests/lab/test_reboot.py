@@ -44,6 +44,9 @@ def test_a_gcs_killed_with_sigkill_brings_the_whole_cluster_back(cluster, lab):
     # which Ray runs every 60 s by default: the workers could stay out that long (bench/operations measured 66 s
     # to every node alive). The running raylets check every ray_liveness_check_interval (5 s).
     for name in workers:
+        # The GCS may still list a worker restarted by the test before this one while its new raylet starts.
+        labkit.wait_until(lambda: labkit.sh(name, "pgrep -x raylet", check=False).returncode == 0, 120, interval=1,
+                          what=f"{name}'s raylet running")
         env = labkit.sh(name, "tr '\\0' '\\n' < /proc/$(pgrep -x raylet)/environ").stdout.split()
         assert "RAY_raylet_liveness_self_check_interval_ms=5000" in env, (name, env)
     since = labkit.sh(HEAD, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
