@@ -21,6 +21,11 @@ description:
     its width counts; an HCA below its maximum speed or width is reported."
   - Whether C(nvidia_peermem) is loaded (C(module/nvidia_peermem)), the NVIDIA driver version
     (C(module/nvidia/version)), the kernel release and the versions of O(packages).
+  - "GPU health, where NVIDIA GPUs are on the PCI bus: uncorrectable ECC errors, pending page retirement and
+    pending or failed row remapping (one C(nvidia-smi --query-gpu) run), GPUs the driver no longer holds
+    (O(nvidia_proc)), and the driver's Xid lines in the kernel log (O(kernel_log)). A GPU fault is a C(fail) of
+    class C(hardware); an Xid a program causes (an illegal address in its kernel) is no finding. The same
+    functions (C(module_utils/raymetal_health.py)) serve the node's health loop."
   - "Counter growth: the error counters of every port are kept in O(state_file); the next run reports
     how much each grew (a flapping link shows as C(link_downed) growth). Counters that went down
     (reboot, reset) start a new baseline. Updating that record is not reported as a change, and check
@@ -63,6 +68,25 @@ options:
         traffic thresholds. Empty leaves it out.
     type: str
     default: ""
+  nvidia_smi:
+    description:
+      - C(nvidia-smi) to query for GPU health (uncorrectable ECC errors, pending page retirement, pending or failed
+        row remapping) when NVIDIA GPUs are on the PCI bus. Empty finds it on the C(PATH); when there is none the
+        query is left out.
+    type: str
+    default: ""
+  kernel_log:
+    description:
+      - The kernel log to read the NVIDIA driver's Xid and "fallen off the bus" lines from (C(/dev/kmsg)). A
+        hardware Xid (79, 48, 95...) is a C(fail), an Xid a program causes (13, 31, 43, 45) is no finding, an
+        unknown one a C(warn). Empty leaves the kernel log out; an unreadable one is reported in
+        RV(ansible_facts.node_checks.kernel_log), not failed.
+    type: path
+    default: /dev/kmsg
+  nvidia_proc:
+    description: Where the NVIDIA driver lists the GPUs it holds; a GPU on the PCI bus missing there is a C(fail).
+    type: path
+    default: /proc/driver/nvidia/gpus
   python:
     description:
       - Python of the Ray venv; its version and those of C(ray), NCCL (C(nvidia-nccl-cu13) or C(nvidia-nccl-cu12)),
@@ -84,7 +108,8 @@ attributes:
   facts:
     support: full
 notes:
-  - Standard library only on the node; reads sysfs and runs only C(dpkg-query) or C(rpm).
+  - Standard library only on the node; reads sysfs, C(/proc/driver/nvidia) and the kernel log, and runs only
+    C(dpkg-query) or C(rpm) and, where GPUs are on the PCI bus, one C(nvidia-smi) query.
 author:
   - raymetal contributors (@raymetal)
 """
@@ -177,6 +202,32 @@ ansible_facts:
               bound to an RDMA port (IPoIB, RoCE) the port's rate, else the interface's C(speed).
           type: dict
           sample: {interface: ib0, gbps: 400.0, source: "mlx5_0:1"}
+        gpu_health:
+          description:
+            - One entry per GPU from C(nvidia-smi --query-gpu) (fields of C(HEALTH_QUERY) in
+              C(module_utils/raymetal_health.py); C([N/A]) is null, Yes/No are booleans); null when no GPU is on the
+              PCI bus or there is no C(nvidia-smi).
+          type: list
+          elements: dict
+          sample:
+            - {index: 0, pci.bus_id: "00000000:00:06.0", ecc.mode.current: Enabled,
+               ecc.errors.uncorrected.volatile.total: 0, retired_pages.pending: null, remapped_rows.pending: false}
+        xid:
+          description: The driver's Xid lines in the kernel log, each with its class (C(hardware), C(application), C(unknown)).
+          type: list
+          elements: dict
+          sample:
+            - {seq: 360, pci: "0000:00:06", xid: 31, class: application, process: python3,
+               meaning: "GPU memory page fault (a program's illegal address)"}
+        kernel_log:
+          description: C(read), C(off), or why the kernel log could not be read.
+          type: str
+          sample: read
+        driver_gpus:
+          description: PCI addresses of the GPUs the NVIDIA driver holds; null when it is not loaded.
+          type: list
+          elements: str
+          sample: ["0000:00:06.0"]
         baseline:
           description: C(new) when no earlier counters were on record, C(compared) otherwise, C(off) without a state file.
           type: str
@@ -190,6 +241,12 @@ ansible_facts:
           contains:
             severity: {description: C(fail) or C(warn)., type: str, sample: fail}
             check: {description: Which check found it., type: str, sample: port_state}
+            class:
+              description:
+                - C(hardware) for a GPU fault that needs an operator (the health loop does not re-admit the node by
+                  itself); absent for the other findings.
+              type: str
+              sample: hardware
             subject: {description: "The port, PCI device or module concerned.", type: str, sample: "mlx5_3:1"}
             message: {description: One readable sentence with the figure., type: str, sample: "mlx5_3:1 (ib3) is DOWN"}
 """
@@ -205,6 +262,10 @@ try:  # as a collection (raymetal.cluster)
         list_dir, natural_key, read_int, read_text)
 except ImportError:  # as a playbook project (ansible.cfg: module_utils = plugins/module_utils)
     from ansible.module_utils.raymetal_sysfs import list_dir, natural_key, read_int, read_text
+try:
+    from ansible_collections.raymetal.cluster.plugins.module_utils import raymetal_health as health
+except ImportError:
+    from ansible.module_utils import raymetal_health as health
 
 NVIDIA_VENDOR = 0x10DE
 GPU_BASE_CLASS = 0x03
@@ -407,6 +468,10 @@ def evaluate(facts, expected_gpus=-1, require_peermem=True):
                               "nvidia_peermem is not loaded: %d GPU(s) and %d active RDMA port(s), so GPUDirect RDMA "
                               "is off (fix: modprobe nvidia_peermem; the nvidia_driver role loads it on RDMA fabrics)"
                               % (facts["gpu_count"], len(rdma_active))))
+    found.extend(health.gpu_health_findings(facts.get("gpu_health") or []))
+    found.extend(health.xid_findings(facts.get("xid") or []))
+    gpus_on_bus = [link["address"] for link in facts["pcie"] if link["kind"] == "gpu"]
+    found.extend(health.lost_gpu_findings(gpus_on_bus, facts.get("driver_gpus")))
     if expected_gpus >= 0 and facts["gpu_count"] != expected_gpus:
         found.append(_finding("fail", "gpu_count", "gpus", "%d GPU(s) on the PCI bus, %d expected" % (
             facts["gpu_count"], expected_gpus)))
@@ -530,6 +595,31 @@ def save_state(path, record):
     os.replace(tmp, path)
 
 
+def read_gpu_health(module, facts):
+    """Add gpu_health, driver_gpus, xid and kernel_log to facts; return why the GPU query failed, if it did."""
+    params = module.params
+    facts["gpu_health"], facts["xid"], problem = None, [], None
+    facts["driver_gpus"] = health.driver_gpus(params["nvidia_proc"]) if facts["gpu_count"] else None
+    smi = params["nvidia_smi"] or (module.get_bin_path("nvidia-smi") if facts["gpu_count"] else None)
+    if facts["gpu_count"] and smi:
+        rc, out, err = module.run_command(health.smi_health_command(smi), environ_update=C_LOCALE)
+        try:
+            facts["gpu_health"] = health.parse_smi_health(out) if rc == 0 else None
+        except ValueError as exc:
+            problem = str(exc)
+        if rc != 0:
+            problem = "'%s' failed with rc=%d: %s" % (" ".join(health.smi_health_command(smi)), rc, (err or out).strip()[-300:])
+    if not params["kernel_log"]:
+        facts["kernel_log"] = "off"
+        return problem
+    try:
+        facts["xid"] = health.xid_events(health.read_kmsg(params["kernel_log"]))
+        facts["kernel_log"] = "read"
+    except OSError as exc:
+        facts["kernel_log"] = "unreadable: %s" % exc
+    return problem
+
+
 def build_module():
     return AnsibleModule(
         argument_spec=dict(
@@ -541,6 +631,9 @@ def build_module():
             packages=dict(type="list", elements="str", default=["rdma-core"]),
             interface=dict(type="str", default=""),
             python=dict(type="path", default=""),
+            nvidia_smi=dict(type="str", default=""),
+            kernel_log=dict(type="path", default="/dev/kmsg"),
+            nvidia_proc=dict(type="path", default="/proc/driver/nvidia/gpus"),
         ),
         supports_check_mode=True,
     )
@@ -573,6 +666,7 @@ def main():
                                      "or run with become)" % (state_file, exc))
     else:
         facts["baseline"] = "off"
+    gpu_problem = read_gpu_health(module, facts)
     software_problem = None
     if params["python"]:
         software, software_problem = venv_versions(module, params["python"])
@@ -580,6 +674,8 @@ def main():
     facts["findings"] = evaluate(facts, params["expected_gpus"], params["require_peermem"])
     if software_problem:
         facts["findings"].insert(0, _finding("fail", "software", params["python"], software_problem))
+    if gpu_problem:
+        facts["findings"].append(_finding("warn", "gpu_health", "nvidia-smi", gpu_problem))
     # The counter record is this module's own bookkeeping, not a change to the node's configuration.
     module.exit_json(changed=False, ansible_facts={"node_checks": facts})
 

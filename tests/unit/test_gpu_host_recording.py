@@ -140,7 +140,8 @@ def test_node_checks_reports_a_cuda_13_stack_in_rays_venv(tmp_path, monkeypatch)
     for name, version in (("cupy-cuda13x", "14.2.0"), ("nvidia-nccl-cu13", "2.28.9"), ("nvidia-cuda-runtime", "13.0.96")):
         dist(name, version)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    args = {"sysfs_root": str(RECORDED / "sys"), "state_file": "", "packages": [], "python": sys.executable}
+    args = {"sysfs_root": str(RECORDED / "sys"), "state_file": "", "packages": [], "python": sys.executable,
+            "kernel_log": "", "nvidia_proc": str(tmp_path / "no-driver"), "nvidia_smi": "/bin/true"}
     _, result = harness_run(node_checks, args)
     versions = result["ansible_facts"]["node_checks"]["versions"]
     assert (versions["nccl"], versions["cupy"], versions["cuda"]) == ("2.28.9", "14.2.0", "13.0.96")
@@ -152,3 +153,62 @@ def test_node_checks_reports_a_cuda_13_stack_in_rays_venv(tmp_path, monkeypatch)
     _, result = harness_run(node_checks, args)
     versions = result["ansible_facts"]["node_checks"]["versions"]
     assert (versions["nccl"], versions["cupy"], versions["cuda"]) == ("2.32.3", "13.4.1", "12.8.90")
+
+
+# tests/fixtures/nvidia/recorded-h200-vm/: the same script on one NVIDIA H200 (driver 580.159.04, CUDA 13,
+# a Firecracker VM with the unified cgroup v2 hierarchy), a day later. Its README says what else it holds.
+H200 = REPO / "tests" / "fixtures" / "nvidia" / "recorded-h200-vm"
+THERE_H200 = json.loads((H200 / "modules.json").read_text())
+
+
+def test_nvidia_gpu_facts_reads_the_recorded_h200_as_it_did_there(tmp_path):
+    script = tmp_path / "nvidia-smi"
+    script.write_text('#!/bin/sh\nif [ "$1" = -q ]; then cat "%s"; else cat "%s"; fi\n'
+                      % (H200 / "smi-q.txt", H200 / "smi.csv"))
+    script.chmod(0o755)
+    kind, result = harness_run(nvidia_gpu_facts, {"sysfs_root": str(H200 / "sys"), "query_smi": True,
+                                                  "expected_branch": "580", "nvidia_smi_path": str(script)})
+    assert kind is ExitJson
+    assert result["ansible_facts"] == THERE_H200["nvidia_gpu_facts"]["ansible_facts"]
+    gpu, driver = result["ansible_facts"]["nvidia_gpu"], result["ansible_facts"]["nvidia_driver"]
+    assert (gpu["devices"][0]["device_id"], driver["names"], driver["memory_total_mib"]) == (
+        "0x2335", ["NVIDIA H200"], [143771])
+
+
+def test_the_h200_labels_are_the_ones_its_ray_node_carried():
+    facts = THERE_H200["nvidia_gpu_facts"]["ansible_facts"]
+    labels = ray_labels.ray_node_labels({}, facts["nvidia_gpu"], facts["nvidia_driver"], "localhost")
+    assert labels == yaml.safe_load((H200 / "labels.yaml").read_text()) == {
+        "ray.io/gpu-domain": "localhost", "raymetal.io/gpu-count": "1", "raymetal.io/gpu-memory-gib": "140",
+        "raymetal.io/gpu-model": "NVIDIA-H200"}
+    ray = json.loads((H200 / "ray_gpu.json").read_text())
+    (node,) = ray["nodes"]
+    assert dict(node["labels"], **labels) == node["labels"]
+    assert (node["labels"]["ray.io/accelerator-type"], node["resources"]["accelerator_type:H200"]) == ("H200", 1.0)
+    assert (ray["task"]["device_name"], ray["task"]["sum_ok"]) == ("NVIDIA H200", True)
+
+
+def test_rays_resource_isolation_ran_on_a_real_cgroup_v2_host_as_raymetal_decided():
+    """The lab's hosts are cgroup v1; this is the one run of --enable-resource-isolation on cgroup v2."""
+    from ansible_collections.raymetal.cluster.plugins.filter import ray_isolation
+
+    recorded = json.loads((H200 / "isolation.json").read_text())
+    facts = recorded["facts"]
+    assert (facts["cgroup2"], facts["cpus"], facts["kernel"]) == (True, 16, "6.18.44-fc-v657-gpu")
+    assert {"cpu", "memory"} <= set(facts["controllers"])
+    # Today's decision on those facts is the one recorded there: on.
+    assert ray_isolation.ray_isolation_plan(facts) == recorded["plan"]
+    assert recorded["plan"]["enabled"] is True
+    # Ray 2.60 with the unit's flags (--cgroup-path, 2 cores and 2 GiB reserved) built its tree under the
+    # delegated cgroup: its own processes in system/leaf, the task's worker in user/workers.
+    run = json.loads((H200 / "isolation-run.json").read_text())
+    tree = run["tree"]
+    (node_dir,) = [name for name in tree if name.startswith("ray-node_") and "/" not in name]
+    assert {"raylet", "gcs_server"} <= set(tree[node_dir + "/system/leaf"]["procs"])
+    assert "ray::IDLE" in tree[node_dir + "/user/workers"]["procs"]
+    assert run["task_cgroup"] == "0::/raymetal-check/%s/user/workers" % node_dir
+    # The reserved cores are a cpu.weight: 2 of 16 cores is 1250 of 10000 for Ray, 8750 for jobs.
+    assert (tree[node_dir + "/system"]["cpu.weight"], tree[node_dir + "/user"]["cpu.weight"]) == ("1250", "8750")
+    # `ray stop` left the tree behind (6 directories). Under raymetal's unit it lies inside the unit's own
+    # cgroup; that systemd removes it when the unit stops was not seen there (no systemd in that VM).
+    assert (H200 / "isolation-after-stop.txt").read_text().count(node_dir) == 6

@@ -1,0 +1,240 @@
+# Copyright: raymetal contributors
+# SPDX-License-Identifier: Apache-2.0
+"""What a node's GPU health checks read, and how each finding is classed.
+
+One implementation for every caller: the acceptance role's ``node_checks`` module and the node's
+health loop read the same inputs through these functions and class the same faults the same way.
+
+Inputs (all read-only, standard library only):
+- ``nvidia-smi --query-gpu=<HEALTH_QUERY> --format=csv,noheader,nounits``: uncorrectable ECC errors
+  since the driver loaded, pages waiting for retirement (pre-Ampere GPUs; ``[N/A]`` on Hopper),
+  rows waiting for remapping and remapping failures (Ampere and later);
+- the kernel log (``/dev/kmsg``, one record per read: ``prio,seq,usec,flags;text``): the driver's
+  ``NVRM: Xid (PCI:...): N, ...`` lines and "fallen off the bus";
+- ``/proc/driver/nvidia/gpus/<pci address>/``: the GPUs the driver holds, without nvidia-smi.
+
+Each finding has a class: ``hardware`` (the GPU needs an operator: uncorrectable ECC, a GPU gone
+from the bus or from the driver, a failed row remap) or ``transient`` (it may pass by itself). An
+Xid an application causes (13, 31, 43, 45: a bad pointer in someone's kernel, as the recording of
+a real H200 in tests/fixtures/nvidia/recorded-h200-vm shows) says nothing about the node and is
+no finding; an Xid this table does not know is a warning, never a fail.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+
+# nvidia-smi --query-gpu fields, in this order (checked against --help-query-gpu of driver 580).
+HEALTH_QUERY = (
+    "index", "pci.bus_id", "uuid", "ecc.mode.current",
+    "ecc.errors.uncorrected.volatile.total", "ecc.errors.uncorrected.aggregate.total",
+    "retired_pages.pending", "remapped_rows.pending", "remapped_rows.failure",
+    "remapped_rows.uncorrectable",
+)
+
+HARDWARE = "hardware"
+TRANSIENT = "transient"
+
+# Xids that mean the GPU (not the program on it) failed: NVIDIA's Xid catalog, "reset the GPU" or
+# "report to the vendor" resolutions.
+XID_HARDWARE = {
+    48: "double-bit ECC error",
+    62: "internal micro-controller halt",
+    64: "ECC page retirement or row remapping failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    140: "unrecovered ECC error",
+}
+# Xids a program causes, or that the driver recovered from for it: no finding on the node.
+XID_APPLICATION = {
+    13: "graphics engine exception (a program's fault)",
+    31: "GPU memory page fault (a program's illegal address)",
+    43: "GPU stopped processing (a program's fault)",
+    45: "preemptive cleanup after an earlier error",
+    63: "row remapping recorded (remapped_rows.pending says whether a reset is due)",
+    94: "contained ECC error (the program using that memory was stopped)",
+}
+
+_XID = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\): (?P<xid>\d+)(?:, pid=(?P<pid>[^,]*))?(?:, name=(?P<name>[^,]*))?")
+_OFF_BUS = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+):? GPU has fallen off the bus")
+_NOT_A_VALUE = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", "")
+
+
+def smi_health_command(nvidia_smi="nvidia-smi"):
+    """The nvidia-smi command line whose output parse_smi_health reads."""
+    return [nvidia_smi, "--query-gpu=" + ",".join(HEALTH_QUERY), "--format=csv,noheader,nounits"]
+
+
+def _value(text):
+    text = text.strip()
+    if text in _NOT_A_VALUE:
+        return None
+    if text in ("Yes", "No"):
+        return text == "Yes"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def parse_smi_health(text):
+    """One dict per GPU, keyed by HEALTH_QUERY's fields; [N/A] is None, Yes/No are booleans."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) != len(HEALTH_QUERY):
+            raise ValueError("nvidia-smi gave %d fields where %d were asked for: %r" % (len(cells), len(HEALTH_QUERY), line))
+        rows.append(dict(zip(HEALTH_QUERY, [_value(cell) for cell in cells])))
+    return rows
+
+
+def short_pci(address):
+    """'00000000:00:06.0' (nvidia-smi), '0000:00:06.0' (sysfs) and '0000:00:06' (Xid lines) as '0000:00:06'."""
+    address = str(address or "").lower()
+    domain, dummy, rest = address.partition(":")
+    if not rest:
+        return address
+    return "%s:%s" % (domain[-4:].rjust(4, "0"), rest.split(".")[0])
+
+
+def finding(severity, check, subject, message, klass=None):
+    """A finding as node_checks returns them; ``class`` is set for the faults the health loop acts on."""
+    found = {"severity": severity, "check": check, "subject": subject, "message": message}
+    if klass:
+        found["class"] = klass
+    return found
+
+
+def gpu_health_findings(rows):
+    """Findings from parse_smi_health's rows: each is a hardware fault."""
+    found = []
+    for row in rows:
+        gpu = "GPU %s (%s)" % (row.get("index"), row.get("pci.bus_id"))
+        subject = str(row.get("pci.bus_id"))
+        volatile = row.get("ecc.errors.uncorrected.volatile.total")
+        if isinstance(volatile, int) and volatile > 0:
+            found.append(finding("fail", "gpu_ecc", subject, "%s: %d uncorrectable ECC error(s) since the driver loaded"
+                                 % (gpu, volatile), HARDWARE))
+        if row.get("remapped_rows.failure") is True:
+            found.append(finding("fail", "gpu_row_remap", subject, "%s: a row remapping failed (the GPU needs the "
+                                 "vendor's repair)" % gpu, HARDWARE))
+        elif row.get("remapped_rows.pending") is True:
+            found.append(finding("fail", "gpu_row_remap", subject, "%s: a row remapping is pending (the GPU needs a "
+                                 "reset before its memory is trusted)" % gpu, HARDWARE))
+        if row.get("retired_pages.pending") is True:
+            found.append(finding("fail", "gpu_page_retirement", subject, "%s: a page retirement is pending (the GPU "
+                                 "needs a reset)" % gpu, HARDWARE))
+    return found
+
+
+def parse_kmsg_record(record):
+    """{prio, seq, usec, text} of one /dev/kmsg record ('6,1234,5678,-;text'), None for a continuation line."""
+    head, sep, text = record.partition(";")
+    fields = head.split(",")
+    if not sep or len(fields) < 3:
+        return None
+    try:
+        prio, seq, usec = int(fields[0]), int(fields[1]), int(fields[2])
+    except ValueError:
+        return None
+    return {"prio": prio & 7, "seq": seq, "usec": usec, "text": text.split("\n", 1)[0].rstrip()}
+
+
+def read_kmsg(path="/dev/kmsg", after_seq=-1):
+    """The kernel log's records with a sequence number above after_seq.
+
+    /dev/kmsg gives one record per read and raises EPIPE when the record it was at was overwritten
+    (the reader then goes on with the oldest one left); a regular file (a recording) is read as one
+    record per line. Raises OSError when the log cannot be read (no /dev/kmsg in a container).
+    """
+    records = []
+    if not stat.S_ISCHR(os.stat(path).st_mode):
+        with open(path, "r", encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+        parsed = [parse_kmsg_record(line) for line in lines]
+        return [rec for rec in parsed if rec and rec["seq"] > after_seq]
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    continue
+                raise
+            if not chunk:
+                break
+            rec = parse_kmsg_record(chunk.decode("utf-8", "replace"))
+            if rec and rec["seq"] > after_seq:
+                records.append(rec)
+    finally:
+        os.close(fd)
+    return records
+
+
+def xid_events(records):
+    """The driver's Xid and fallen-off-the-bus lines among kernel log records, with their class."""
+    events = []
+    for rec in records:
+        text = rec["text"]
+        match = _XID.search(text)
+        if match:
+            xid = int(match.group("xid"))
+            klass = HARDWARE if xid in XID_HARDWARE else "application" if xid in XID_APPLICATION else "unknown"
+            meaning = XID_HARDWARE.get(xid) or XID_APPLICATION.get(xid) or "not in raymetal's table"
+            events.append({"seq": rec["seq"], "usec": rec["usec"], "pci": short_pci(match.group("pci")), "xid": xid,
+                           "class": klass, "meaning": meaning, "process": match.group("name"), "text": text})
+            continue
+        match = _OFF_BUS.search(text)
+        if match:
+            events.append({"seq": rec["seq"], "usec": rec["usec"], "pci": short_pci(match.group("pci")), "xid": 79,
+                           "class": HARDWARE, "meaning": XID_HARDWARE[79], "process": None, "text": text})
+    return events
+
+
+def xid_findings(events):
+    """One finding per GPU and Xid: hardware ones fail, unknown ones warn, a program's own are none."""
+    found, seen = [], set()
+    for event in events:
+        key = (event["pci"], event["xid"])
+        if event["class"] == "application" or key in seen:
+            continue
+        seen.add(key)
+        count = len([e for e in events if (e["pci"], e["xid"]) == key])
+        times = " (%d times)" % count if count > 1 else ""
+        if event["class"] == HARDWARE:
+            found.append(finding("fail", "gpu_xid", event["pci"], "GPU %s: Xid %d, %s%s in the kernel log" % (
+                event["pci"], event["xid"], event["meaning"], times), HARDWARE))
+        else:
+            found.append(finding("warn", "gpu_xid", event["pci"], "GPU %s: Xid %d%s in the kernel log, %s" % (
+                event["pci"], event["xid"], times, event["meaning"])))
+    return found
+
+
+def driver_gpus(proc_root="/proc/driver/nvidia/gpus"):
+    """PCI addresses of the GPUs the loaded driver holds; None when the driver is not loaded."""
+    try:
+        return sorted(name.lower() for name in os.listdir(proc_root))
+    except OSError:
+        return None
+
+
+def lost_gpu_findings(pci_gpus, held):
+    """GPUs on the PCI bus that the loaded driver no longer holds (held None: no driver, no finding)."""
+    if held is None:
+        return []
+    have = set(short_pci(address) for address in held)
+    return [finding("fail", "gpu_lost", address, "GPU %s is on the PCI bus but the NVIDIA driver does not hold it "
+                    "(fallen off the bus, or failed to initialise)" % address, HARDWARE)
+            for address in pci_gpus if short_pci(address) not in have]

@@ -1,0 +1,185 @@
+"""GPU health checks (module_utils/raymetal_health.py, node_checks) against what a real H200 gave.
+
+tests/fixtures/nvidia/recorded-h200-vm/ was recorded by tools/gpu_host_check.sh on one NVIDIA H200
+(driver 580.159.04, a Firecracker VM; its README says how): the health query's CSV, nvidia-smi's list
+of query fields, the driver's GPU listing in /proc, and the kernel log's NVIDIA records, among them a
+real Xid 31 that a CUDA kernel writing to an illegal address made the driver log. Faults the machine
+did not have (a GPU off the bus, uncorrectable ECC) are made from those real lines by changing one
+field, and each test says which.
+"""
+
+from __future__ import annotations
+
+import pytest
+from module_harness import ExitJson
+from module_harness import run_module as harness_run
+
+from ansible_collections.raymetal.cluster.plugins.module_utils import raymetal_health as health
+from ansible_collections.raymetal.cluster.plugins.modules import node_checks
+
+from pathlib import Path
+
+H200 = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "nvidia" / "recorded-h200-vm"
+HEALTH_CSV = (H200 / "smi-health.csv").read_text()
+XID31 = (H200 / "kmsg-xid.txt").read_text().splitlines()[-1]
+
+
+def kmsg(tmp_path, *lines):
+    path = tmp_path / "kmsg"
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def test_every_field_the_health_query_asks_for_exists_in_driver_580():
+    # A field nvidia-smi does not know fails the whole query; its own list, recorded on the H200, names each.
+    listed = (H200 / "smi-help-query-gpu.txt").read_text()
+    for field in health.HEALTH_QUERY:
+        assert '"%s"' % field in listed, field
+    assert health.smi_health_command("/usr/bin/nvidia-smi") == [
+        "/usr/bin/nvidia-smi", "--query-gpu=" + ",".join(health.HEALTH_QUERY), "--format=csv,noheader,nounits"]
+
+
+def test_the_healthy_h200_reads_as_healthy():
+    (row,) = health.parse_smi_health(HEALTH_CSV)
+    assert row["index"] == 0 and row["pci.bus_id"] == "00000000:00:06.0"
+    assert row["ecc.mode.current"] == "Enabled"
+    assert (row["ecc.errors.uncorrected.volatile.total"], row["ecc.errors.uncorrected.aggregate.total"]) == (0, 0)
+    # Hopper retires no pages (it remaps rows): nvidia-smi says [N/A], which is no finding.
+    assert row["retired_pages.pending"] is None
+    assert (row["remapped_rows.pending"], row["remapped_rows.failure"], row["remapped_rows.uncorrectable"]) == (False, False, 0)
+    assert health.gpu_health_findings([row]) == []
+    # After the illegal-address fault the GPU still reads healthy: the fault was the program's.
+    assert health.parse_smi_health((H200 / "smi-health-after-fault.csv").read_text()) == [row]
+
+
+@pytest.mark.parametrize("field, value, check, words", [
+    ("ecc.errors.uncorrected.volatile.total", "2", "gpu_ecc", "2 uncorrectable ECC error(s)"),
+    ("remapped_rows.pending", "Yes", "gpu_row_remap", "a row remapping is pending"),
+    ("remapped_rows.failure", "Yes", "gpu_row_remap", "a row remapping failed"),
+    ("retired_pages.pending", "Yes", "gpu_page_retirement", "a page retirement is pending"),
+])
+def test_a_gpu_memory_fault_is_a_hardware_fail(field, value, check, words):
+    # The recorded row with one field changed to what a faulty GPU reports.
+    cells = HEALTH_CSV.strip().split(", ")
+    cells[health.HEALTH_QUERY.index(field)] = value
+    (found,) = health.gpu_health_findings(health.parse_smi_health(", ".join(cells)))
+    assert (found["severity"], found["check"], found["class"]) == ("fail", check, "hardware")
+    assert found["message"].startswith("GPU 0 (00000000:00:06.0): " + words)
+
+
+def test_a_query_answer_of_the_wrong_shape_is_an_error_not_a_healthy_gpu():
+    with pytest.raises(ValueError, match="gave 3 fields where 10 were asked for"):
+        health.parse_smi_health("0, 00000000:00:06.0, Enabled\n")
+
+
+def test_the_kernel_log_records_parse_as_dev_kmsg_gives_them(tmp_path):
+    records = health.read_kmsg(kmsg(tmp_path, *(H200 / "kmsg-nvrm.txt").read_text().splitlines()))
+    assert [r["seq"] for r in records] == [353, 354, 355, 356, 357]
+    assert records[2]["text"].startswith("NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04")
+    # The driver's boot lines hold no Xid.
+    assert health.xid_events(records) == []
+    assert health.parse_kmsg_record(" SUBSYSTEM=pci") is None
+    # Only records after a cursor: what the health loop reads each round.
+    assert [r["seq"] for r in health.read_kmsg(kmsg(tmp_path, *(H200 / "kmsg-nvrm.txt").read_text().splitlines()), 355)] == [356, 357]
+
+
+def test_a_real_xid_31_from_a_programs_illegal_address_is_no_finding(tmp_path):
+    records = health.read_kmsg(str(H200 / "kmsg-xid.txt"))
+    (event,) = health.xid_events(records)
+    assert (event["xid"], event["pci"], event["class"], event["process"], event["seq"]) == (
+        31, "0000:00:06", "application", "python3", 360)
+    assert health.xid_findings([event]) == []
+
+
+def test_xid_79_is_a_hardware_fail_once_per_gpu_with_its_count():
+    # The real Xid 31 line with the number and text of a GPU that fell off the bus (NVIDIA's Xid catalog).
+    line = XID31.replace("): 31, ", "): 79, ").split(". MMU Fault")[0] + ". GPU has fallen off the bus."
+    later = line.replace("4,360,", "4,361,")
+    events = health.xid_events([health.parse_kmsg_record(line), health.parse_kmsg_record(later)])
+    assert [e["class"] for e in events] == ["hardware", "hardware"]
+    (found,) = health.xid_findings(events)
+    assert found == {"severity": "fail", "check": "gpu_xid", "subject": "0000:00:06", "class": "hardware",
+                     "message": "GPU 0000:00:06: Xid 79, GPU has fallen off the bus (2 times) in the kernel log"}
+
+
+def test_fallen_off_the_bus_without_an_xid_number_and_an_unknown_xid():
+    (event,) = health.xid_events([health.parse_kmsg_record(
+        "3,900,1000,-;NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.")])
+    assert (event["xid"], event["pci"], event["class"]) == (79, "0000:3b:00", "hardware")
+    unknown = health.xid_events([health.parse_kmsg_record(XID31.replace("): 31, ", "): 999, "))])
+    (found,) = health.xid_findings(unknown)
+    assert (found["severity"], "class" in found) == ("warn", False)
+    assert "Xid 999 in the kernel log, not in raymetal's table" in found["message"]
+
+
+def test_a_gpu_the_driver_lost_is_a_hardware_fail(tmp_path):
+    # /proc/driver/nvidia/gpus as recorded on the H200 (one directory per GPU the driver holds).
+    (tmp_path / "gpus" / "0000:00:06.0").mkdir(parents=True)
+    held = health.driver_gpus(str(tmp_path / "gpus"))
+    assert held == ["0000:00:06.0"] and "0000:00:06.0" in (H200 / "proc-driver-gpus.txt").read_text()
+    assert health.lost_gpu_findings(["0000:00:06.0"], held) == []
+    (found,) = health.lost_gpu_findings(["0000:00:06.0", "0000:00:07.0"], held)
+    assert (found["subject"], found["class"]) == ("0000:00:07.0", "hardware")
+    # No driver loaded: the driver role's checks say so; this one stays silent.
+    assert health.driver_gpus(str(tmp_path / "none")) is None
+    assert health.lost_gpu_findings(["0000:00:06.0"], None) == []
+
+
+def stand_in_smi(tmp_path, csv_text):
+    """An nvidia-smi that answers the health query with csv_text and fails any other call."""
+    (tmp_path / "health.csv").write_text(csv_text)
+    script = tmp_path / "nvidia-smi"
+    script.write_text('#!/bin/sh\ncase "$1" in --query-gpu=%s) cat "%s";; *) exit 9;; esac\n'
+                      % (",".join(health.HEALTH_QUERY).replace(".", "\\."), tmp_path / "health.csv"))
+    script.chmod(0o755)
+    return str(script)
+
+
+def run_checks(tmp_path, csv_text=HEALTH_CSV, log_lines=(), held=("0000:00:06.0",)):
+    (tmp_path / "gpus").mkdir()  # the driver is loaded; held: the GPUs it still holds
+    for address in held:
+        (tmp_path / "gpus" / address).mkdir(parents=True, exist_ok=True)
+    kind, result = harness_run(node_checks, {
+        "sysfs_root": str(H200 / "sys"), "state_file": "", "packages": [], "expected_gpus": 1,
+        "nvidia_smi": stand_in_smi(tmp_path, csv_text), "nvidia_proc": str(tmp_path / "gpus"),
+        "kernel_log": kmsg(tmp_path, *log_lines)})
+    assert kind is ExitJson
+    return result["ansible_facts"]["node_checks"]
+
+
+def test_node_checks_on_the_recorded_h200_with_its_real_xid_31_finds_nothing(tmp_path):
+    log = (H200 / "kmsg-nvrm.txt").read_text().splitlines() + (H200 / "kmsg-xid.txt").read_text().splitlines()
+    fact = run_checks(tmp_path, log_lines=log)
+    assert fact["findings"] == []
+    assert fact["kernel_log"] == "read" and fact["driver_gpus"] == ["0000:00:06.0"]
+    assert [(e["xid"], e["class"]) for e in fact["xid"]] == [(31, "application")]
+    assert fact["gpu_health"][0]["ecc.mode.current"] == "Enabled"
+
+
+def test_node_checks_fails_the_h200_on_each_gpu_fault(tmp_path):
+    line = XID31.replace("): 31, ", "): 79, ")
+    ecc = HEALTH_CSV.replace("Enabled, 0, 0,", "Enabled, 3, 3,")
+    fact = run_checks(tmp_path, csv_text=ecc, log_lines=[line], held=())
+    assert sorted((f["check"], f["class"]) for f in fact["findings"]) == [
+        ("gpu_ecc", "hardware"), ("gpu_lost", "hardware"), ("gpu_xid", "hardware")]
+    assert all(f["severity"] == "fail" for f in fact["findings"])
+
+
+def test_an_unreadable_kernel_log_or_failing_nvidia_smi_is_said_not_hidden(tmp_path):
+    kind, result = harness_run(node_checks, {
+        "sysfs_root": str(H200 / "sys"), "state_file": "", "packages": [], "nvidia_proc": str(tmp_path),
+        "nvidia_smi": "/bin/false", "kernel_log": str(tmp_path / "no-kmsg")})
+    fact = result["ansible_facts"]["node_checks"]
+    assert fact["kernel_log"].startswith("unreadable: [Errno 2]")
+    (found,) = fact["findings"][-1:]
+    assert (found["severity"], found["check"]) == ("warn", "gpu_health")
+    assert found["message"].startswith("'/bin/false --query-gpu=index,pci.bus_id,")
+    assert fact["gpu_health"] is None
+
+
+def test_a_node_without_gpus_runs_no_nvidia_smi(tmp_path):
+    fixtures = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "nvidia" / "aspeed-only" / "sys"
+    kind, result = harness_run(node_checks, {"sysfs_root": str(fixtures), "state_file": "", "packages": [],
+                                             "nvidia_smi": "/bin/false", "kernel_log": ""})
+    fact = result["ansible_facts"]["node_checks"]
+    assert (fact["gpu_health"], fact["driver_gpus"], fact["kernel_log"], fact["findings"]) == (None, None, "off", [])
