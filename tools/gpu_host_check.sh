@@ -284,6 +284,12 @@ diff "$out/kmsg-nvrm.txt" "$out/kmsg-after-fault.txt" | grep '^>' | cut -c3- > "
 cat "$out/kmsg-xid.txt"
 nvidia-smi --query-gpu="$health_fields" --format=csv,noheader,nounits > "$out/smi-health-after-fault.csv" 2>&1
 cat "$out/smi-health-after-fault.csv"
+# The modules again, now that the kernel log holds the Xid: node_checks must read it from /dev/kmsg.
+mkdir -p "$out/after-fault"
+timeout 300 "$py" -m ansible.cli.playbook -i localhost, -c local \
+  -e ansible_python_interpreter="$(command -v "$py")" -e gpu_check_out="$out/after-fault" \
+  "$repo/tools/gpu_host_check.yml" > "$out/after-fault/playbook.log" 2>&1
+"$py" -c 'import json,sys; n=json.load(open(sys.argv[1]))["node_checks"]["ansible_facts"]["node_checks"]; print(json.dumps({k: n.get(k) for k in ("kernel_log", "xid", "gpu_health", "driver_gpus", "findings")}, indent=1))' "$out/after-fault/modules.json"
 
 tar -C "$(dirname "$out")" -czf "$out.tgz" "$(basename "$out")"
 step "recorded in $out.tgz"

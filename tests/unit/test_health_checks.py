@@ -183,3 +183,19 @@ def test_a_node_without_gpus_runs_no_nvidia_smi(tmp_path):
                                              "nvidia_smi": "/bin/false", "kernel_log": ""})
     fact = result["ansible_facts"]["node_checks"]
     assert (fact["gpu_health"], fact["driver_gpus"], fact["kernel_log"], fact["findings"]) == (None, None, "off", [])
+
+
+def test_node_checks_read_the_real_xid_from_dev_kmsg_on_the_h200(tmp_path):
+    """modules-after-fault.json: node_checks itself, run by ansible-playbook on a second H200 after the
+    faulting kernel, read /dev/kmsg (the character device, not a recording) and nvidia-smi there."""
+    import json
+
+    there = json.loads((H200 / "modules-after-fault.json").read_text())["node_checks"]["ansible_facts"]["node_checks"]
+    assert (there["kernel_log"], there["driver_gpus"], there["findings"]) == ("read", ["0000:00:06.0"], [])
+    (event,) = there["xid"]
+    assert (event["xid"], event["class"], event["process"]) == (31, "application", "python3")
+    # Today's code on the line it read there classes it the same way.
+    assert health.xid_events([{"seq": event["seq"], "usec": event["usec"], "text": event["text"]}]) == [event]
+    (row,) = there["gpu_health"]
+    assert health.gpu_health_findings([row]) == []
+    assert dict(row, uuid=None) == dict(health.parse_smi_health(HEALTH_CSV)[0], uuid=None)
