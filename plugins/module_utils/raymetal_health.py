@@ -238,3 +238,113 @@ def lost_gpu_findings(pci_gpus, held):
     return [finding("fail", "gpu_lost", address, "GPU %s is on the PCI bus but the NVIDIA driver does not hold it "
                     "(fallen off the bus, or failed to initialise)" % address, HARDWARE)
             for address in pci_gpus if short_pci(address) not in have]
+
+
+# ---------------------------------------------------------------------------------------------
+# The node's own checks beyond the GPU (the fabric interface, Ray's temp dir): both transient.
+
+def interface_findings(sysfs_root, interface, expected_address, addresses):
+    """The fabric interface down, or without the address Ray is bound to: a transient fail each.
+
+    ``addresses`` are the interface's IPv4/IPv6 addresses now (the caller reads them); an empty
+    ``expected_address`` checks the link alone.
+    """
+    operstate = None
+    try:
+        with open(os.path.join(sysfs_root, "class", "net", interface, "operstate"), encoding="ascii") as handle:
+            operstate = handle.read().strip()
+    except OSError:
+        return [finding("fail", "fabric_link", interface, "the fabric interface %s is gone" % interface, TRANSIENT)]
+    found = []
+    # "unknown" is what virtual and some IPoIB devices report while they carry traffic.
+    if operstate not in ("up", "unknown"):
+        found.append(finding("fail", "fabric_link", interface, "the fabric interface %s is %s" % (interface, operstate),
+                             TRANSIENT))
+    if expected_address and expected_address not in addresses:
+        found.append(finding("fail", "fabric_address", interface, "the fabric interface %s lost %s, the address Ray "
+                             "is bound to (it has: %s)" % (interface, expected_address, ", ".join(addresses) or "none"),
+                             TRANSIENT))
+    return found
+
+
+def temp_dir_findings(path, min_free_bytes):
+    """Ray's temp dir with less free space than min_free_bytes: a transient fail (object spilling, logs)."""
+    try:
+        stats = os.statvfs(path)
+    except OSError as exc:
+        return [finding("fail", "temp_dir", path, "Ray's temp dir %s cannot be read: %s" % (path, exc.strerror),
+                        TRANSIENT)]
+    free = stats.f_bavail * stats.f_frsize
+    if free < min_free_bytes:
+        return [finding("fail", "temp_dir", path, "Ray's temp dir %s has %d MiB free, %d MiB needed" % (
+            path, free // 2 ** 20, min_free_bytes // 2 ** 20), TRANSIENT)]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop's decisions, kept apart from its inputs: what one round does with its findings.
+
+QUARANTINED = "quarantined"
+
+
+def worst(findings):
+    """(class, the fails of that class) of a round: hardware before transient; (None, []) when none fails."""
+    fails = [f for f in findings if f["severity"] == "fail"]
+    hardware = [f for f in fails if f.get("class") == HARDWARE]
+    if hardware:
+        return HARDWARE, hardware
+    return (TRANSIENT, fails) if fails else (None, [])
+
+
+def next_state(record, findings, now, readmit_passes):
+    """One round: (the node's new quarantine record or None, the action).
+
+    Actions: ``quarantine`` (a healthy node fails: the caller asks the breaker first, then drains and
+    stops Ray), ``readmit`` (a transient quarantine passed ``readmit_passes`` rounds in a row), ``hold``
+    (stays quarantined; a hardware one always does until an operator re-admits it), ``worse`` (a
+    transient quarantine now shows a hardware fault: it becomes hardware) or None (healthy, nothing to do).
+    """
+    klass, fails = worst(findings)
+    if not record:
+        if klass is None:
+            return None, None
+        first = fails[0]
+        return ({"state": QUARANTINED, "class": klass, "check": first["check"], "subject": first["subject"],
+                 "finding": "; ".join(f["message"] for f in fails), "since": now, "passes": 0}, "quarantine")
+    record = dict(record)
+    if record["class"] == HARDWARE:
+        record["passes"] = 0 if klass else record.get("passes", 0) + 1
+        return record, "hold"
+    if klass == HARDWARE:
+        record.update({"class": HARDWARE, "check": fails[0]["check"], "subject": fails[0]["subject"],
+                       "finding": "; ".join(f["message"] for f in fails), "passes": 0})
+        return record, "worse"
+    if klass:
+        record["passes"] = 0
+        return record, "hold"
+    record["passes"] = record.get("passes", 0) + 1
+    if record["passes"] >= readmit_passes:
+        return None, "readmit"
+    return record, "hold"
+
+
+def breaker(quarantines, host, workers, max_share, max_at_once, window_s, now):
+    """(allowed, why not): may ``host`` be quarantined now, given the cluster's quarantine records?
+
+    ``quarantines`` maps each worker to its record (those of the last ``window_s`` seconds count, lifted
+    ones included when the caller keeps them with a ``lifted`` time); at most ``max_at_once`` held at
+    once and at most ``max_share`` (0-1) of the ``workers`` in the window, rounded down, never fewer than
+    one. A fault across the fabric must not empty the cluster: past the limit the loop alerts instead.
+    """
+    held = sorted(name for name, rec in quarantines.items() if name != host and not rec.get("lifted"))
+    recent = sorted(name for name, rec in quarantines.items()
+                    if name != host and now - rec.get("since", now) <= window_s)
+    in_window = max(1, int(workers * max_share))
+    if len(held) >= max_at_once:
+        return False, ("%s was not quarantined: %d worker(s) already are (%s), the limit at once is %d"
+                       % (host, len(held), ", ".join(held), max_at_once))
+    if len(recent) >= in_window:
+        return False, ("%s was not quarantined: %d of %d worker(s) were in the last %d s (%s), the limit is %d "
+                       "(%g%% of the workers)" % (host, len(recent), workers, window_s, ", ".join(recent), in_window,
+                                                  max_share * 100))
+    return True, ""

@@ -199,3 +199,91 @@ def test_node_checks_read_the_real_xid_from_dev_kmsg_on_the_h200(tmp_path):
     (row,) = there["gpu_health"]
     assert health.gpu_health_findings([row]) == []
     assert dict(row, uuid=None) == dict(health.parse_smi_health(HEALTH_CSV)[0], uuid=None)
+
+
+# The loop's own checks and decisions (issue 36): pure functions, every rule here.
+
+def test_the_fabric_interface_down_or_without_rays_address_is_transient(tmp_path):
+    net = tmp_path / "class" / "net" / "ib0"
+    net.mkdir(parents=True)
+    (net / "operstate").write_text("up\n")
+    assert health.interface_findings(str(tmp_path), "ib0", "10.10.0.2", ["10.10.0.2", "fe80::1"]) == []
+    (net / "operstate").write_text("down\n")
+    found = health.interface_findings(str(tmp_path), "ib0", "10.10.0.2", [])
+    assert [(f["check"], f["class"]) for f in found] == [("fabric_link", "transient"), ("fabric_address", "transient")]
+    assert found[1]["message"] == "the fabric interface ib0 lost 10.10.0.2, the address Ray is bound to (it has: none)"
+    (net / "operstate").write_text("unknown\n")
+    assert health.interface_findings(str(tmp_path), "ib0", "", []) == []
+    (gone,) = health.interface_findings(str(tmp_path), "ib1", "10.10.0.2", ["10.10.0.2"])
+    assert gone["message"] == "the fabric interface ib1 is gone"
+
+
+def test_a_full_temp_dir_is_transient(tmp_path):
+    assert health.temp_dir_findings(str(tmp_path), 1) == []
+    (full,) = health.temp_dir_findings(str(tmp_path), 2 ** 62)
+    assert (full["check"], full["class"]) == ("temp_dir", "transient")
+    assert "MiB free, 4398046511104 MiB needed" in full["message"]
+    (gone,) = health.temp_dir_findings(str(tmp_path / "none"), 1)
+    assert "cannot be read: No such file or directory" in gone["message"]
+
+
+LINK_DOWN = health.finding("fail", "fabric_link", "ib0", "the fabric interface ib0 is down", health.TRANSIENT)
+XID79 = health.finding("fail", "gpu_xid", "0000:00:06", "GPU 0000:00:06: Xid 79, GPU has fallen off the bus", health.HARDWARE)
+WARN = health.finding("warn", "gpu_xid", "0000:00:06", "Xid 999")
+
+
+def test_a_healthy_round_does_nothing_and_a_warning_is_not_a_fault():
+    assert health.next_state(None, [], 100, 4) == (None, None)
+    assert health.next_state(None, [WARN], 100, 4) == (None, None)
+
+
+def test_a_transient_fault_quarantines_then_readmits_after_passes_in_a_row():
+    record, action = health.next_state(None, [LINK_DOWN], 100, 3)
+    assert action == "quarantine"
+    assert record == {"state": "quarantined", "class": "transient", "check": "fabric_link", "subject": "ib0",
+                      "finding": "the fabric interface ib0 is down", "since": 100, "passes": 0}
+    record, action = health.next_state(record, [], 115, 3)
+    assert (action, record["passes"]) == ("hold", 1)
+    # A failing round in between starts the count again: passes must be in a row.
+    record, action = health.next_state(record, [LINK_DOWN], 130, 3)
+    assert (action, record["passes"], record["since"]) == ("hold", 0, 100)
+    for now in (145, 160):
+        record, action = health.next_state(record, [], now, 3)
+        assert action == "hold"
+    assert health.next_state(record, [], 175, 3) == (None, "readmit")
+
+
+def test_a_hardware_fault_is_never_readmitted_by_the_loop():
+    record, action = health.next_state(None, [XID79, LINK_DOWN], 100, 2)
+    assert (action, record["class"], record["check"]) == ("quarantine", "hardware", "gpu_xid")
+    assert record["finding"] == "GPU 0000:00:06: Xid 79, GPU has fallen off the bus"
+    for now in range(115, 400, 15):
+        record, action = health.next_state(record, [], now, 2)
+        assert (action, record["class"]) == ("hold", "hardware")
+
+
+def test_a_transient_quarantine_that_shows_a_hardware_fault_becomes_hardware():
+    record, _ = health.next_state(None, [LINK_DOWN], 100, 2)
+    record, action = health.next_state(record, [XID79], 115, 2)
+    assert (action, record["class"], record["check"], record["since"]) == ("worse", "hardware", "gpu_xid", 100)
+    assert health.next_state(record, [], 130, 2)[1] == "hold"
+
+
+def test_the_breaker_caps_quarantines_at_once_and_in_the_window():
+    # Three workers, a limit of one at once: the first is quarantined, the second refused with why.
+    assert health.breaker({}, "w1", 3, 0.34, 1, 600, 1000) == (True, "")
+    held = {"w1": {"since": 990}}
+    allowed, why = health.breaker(held, "w2", 3, 0.34, 1, 600, 1000)
+    assert not allowed
+    assert why == "w2 was not quarantined: 1 worker(s) already are (w1), the limit at once is 1"
+    # Within the window a lifted quarantine still counts towards the share...
+    lifted = {"w1": {"since": 990, "lifted": 995}}
+    allowed, why = health.breaker(lifted, "w2", 3, 0.34, 5, 600, 1000)
+    assert not allowed and "1 of 3 worker(s) were in the last 600 s (w1), the limit is 1 (34% of the workers)" in why
+    # ...and past it, no longer.
+    assert health.breaker(lifted, "w2", 3, 0.34, 5, 600, 2000) == (True, "")
+    # The host's own earlier record never counts against it; the share never allows fewer than one.
+    assert health.breaker({"w2": {"since": 990}}, "w2", 3, 0.0, 1, 600, 1000) == (True, "")
+    assert health.breaker({}, "w1", 100, 0.1, 20, 600, 1000) == (True, "")
+    ten = dict(("w%d" % i, {"since": 999, "lifted": 999}) for i in range(10))
+    assert health.breaker(ten, "w50", 100, 0.1, 20, 600, 1000)[0] is False
