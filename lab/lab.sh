@@ -304,7 +304,7 @@ ray_for_releases() {
     fi
     log "downloading ray[default]==$version and its dependencies for Python $python ($release) into $dir$why"
     # The same builder as playbooks/wheelhouse.yml.
-    PYTHONPATH=$ROOT "$(dirname "$PIP")/python" -m raymetal.wheelhouse --dest "$dir" --python-version "$python" \
+    "$(dirname "$PIP")/python" "$ROOT/roles/ray/files/ray_wheelhouse.py" --dest "$dir" --python-version "$python" \
       --node-glibc "${RELEASE_GLIBC[$release]}" "ray[default]==$version" >/dev/null \
       || die "downloading ray[default]==$version for Python $python into $dir failed (see the message above)"
     touch "$dir/.complete-ray-$version-py$python"

@@ -1,4 +1,4 @@
-"""Filters about the offline wheelhouse (see raymetal/wheelhouse.py, playbooks/wheelhouse.yml)."""
+"""Filters about the offline wheelhouse (see roles/ray/files/ray_wheelhouse.py, playbooks/wheelhouse.yml)."""
 
 from __future__ import annotations
 

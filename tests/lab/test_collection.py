@@ -138,3 +138,19 @@ def test_collection_builds_installs_and_runs_by_fqcn(lab, cluster, tmp_path):
         assert counts["failures"] == 0 and counts["unreachable"] == 0, (host, counts)
         assert counts["changed"] == 0, (host, counts)
     assert ray_main_pids(lab) == before, "a Ray unit restarted"
+
+    # The wheelhouse builder ships with the collection (it ran as `python -m raymetal.wheelhouse` from
+    # the repository's root, which the collection leaves out): playbooks/wheelhouse.yml from the empty
+    # project on the lab's wheelhouse, which already holds every wheel. The index is a closed port on
+    # loopback, so a wheel that is missing fails the run instead of reaching the internet.
+    out, err = _run([bin_dir / "ansible-playbook", "raymetal.cluster.wheelhouse", "-i", labkit.LAB_INVENTORY,
+                     "-e", "ray_pip_index_url=http://127.0.0.1:9/simple"], cwd=project, env=env, timeout=600, split=True)
+    result = json.loads(out)
+    for host, counts in result["stats"].items():
+        assert counts["failures"] == 0 and counts["changed"] == 0, (host, counts, err[-4000:])
+    tasks = {t["task"]["name"]: t["hosts"] for play in result["plays"] for t in play["tasks"]}
+    (download,) = [name for name in tasks if "Download Ray, ray_pip_packages" in name]
+    # run_once on the controller: one host carries the loop's results (each the builder's JSON report).
+    host_result = next(r for r in tasks[download].values() if "results" in r)
+    reports = [json.loads(item["stdout"]) for item in host_result["results"]]
+    assert reports and all(r["added"] == [] and r["changed"] is False for r in reports), reports

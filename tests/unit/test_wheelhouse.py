@@ -1,4 +1,4 @@
-"""The wheelhouse builder (raymetal/wheelhouse.py) and the preflight filter (plugins/filter/wheelhouse.py).
+"""The wheelhouse builder (roles/ray/files/ray_wheelhouse.py) and the preflight filter (plugins/filter/wheelhouse.py).
 
 pip itself is replaced by a recorder that plays a package index: the tests
 check which pip commands the builder runs, what it reports, and what it says
@@ -8,6 +8,8 @@ tests/lab/test_workstation_job.py.
 
 from __future__ import annotations
 
+import importlib.util
+
 import os
 import subprocess
 from pathlib import Path
@@ -15,7 +17,12 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.raymetal.cluster.plugins.filter import wheelhouse as whfilter
-from raymetal import wheelhouse as wh
+
+# The builder runs as a file of the ray role (so it ships with the collection); loaded as the task runs it.
+_BUILDER = importlib.util.spec_from_file_location(
+    "ray_wheelhouse", Path(__file__).resolve().parents[2] / "roles" / "ray" / "files" / "ray_wheelhouse.py")
+wh = importlib.util.module_from_spec(_BUILDER)
+_BUILDER.loader.exec_module(wh)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,10 +7,12 @@
   (tests/fixtures/wheelhouse: its scan, the 58 packages pip 23.0.1 of Debian 12 installed from it with the file
   this filter wrote, and pip's answer to a wheel changed by one byte);
 - the real pip of this venv run on the file the filter writes: installs the wheels, refuses a changed one;
-- raymetal/wheelhouse.py downloads wheels only and refuses a wheelhouse with a source package in it.
+- roles/ray/files/ray_wheelhouse.py downloads wheels only and refuses a wheelhouse with a source package in it.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import hashlib
 import json
@@ -23,7 +25,12 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.raymetal.cluster.plugins.filter import wheelhouse as whfilter
-from raymetal import wheelhouse as wh
+
+# The builder runs as a file of the ray role (so it ships with the collection); loaded as the task runs it.
+_BUILDER = importlib.util.spec_from_file_location(
+    "ray_wheelhouse", Path(__file__).resolve().parents[2] / "roles" / "ray" / "files" / "ray_wheelhouse.py")
+wh = importlib.util.module_from_spec(_BUILDER)
+_BUILDER.loader.exec_module(wh)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "roles" / "ray" / "files" / "ray_wheel_hashes.py"
@@ -262,7 +269,7 @@ def test_pip_installs_from_the_file_and_refuses_a_wheel_changed_after_hashing(wh
     assert not (tmp_path / "bad" / "click_payload.py").exists()
 
 
-# --- raymetal/wheelhouse.py: wheels only ---
+# --- roles/ray/files/ray_wheelhouse.py: wheels only ---
 
 def test_the_builder_downloads_wheels_only_and_refuses_a_source_package(tmp_path):
     calls = []

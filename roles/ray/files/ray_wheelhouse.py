@@ -1,6 +1,6 @@
 """Build the offline wheelhouse that raymetal ships to air-gapped nodes.
 
-    python -m raymetal.wheelhouse --dest DIR [--python-version 3.11] \\
+    python3 ray_wheelhouse.py --dest DIR [--python-version 3.11] \\
         [--node-machine x86_64 --node-glibc 2.36] [--platform TAG ...] \\
         [--index-url URL] 'ray[default]==2.60.0' numpy==2.2.6 ...
 
@@ -23,8 +23,9 @@ releases of everything Ray depends on (without the constraints only when they
 conflict with the new requirements). Prints one JSON object: ``changed``, ``dest``, ``added`` (new files),
 ``mode`` (``native`` or ``cross``) and ``pip_args``. Exits 1 with a readable
 message (pip's own error included) when a requirement cannot be found. Used by
-``playbooks/wheelhouse.yml`` (the ray role's ``wheelhouse`` entry point) and by
-``lab/lab.sh wheelhouse``.
+``playbooks/wheelhouse.yml`` (the ray role's ``wheelhouse`` entry point, which
+runs this file from the role, so it ships with the collection) and by
+``lab/lab.sh wheelhouse``. Standard library only.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def build(dest: str, requirements: Sequence[str], target: Sequence[str], index_u
         pip.append("--only-binary=:all:")
     env = dict(os.environ, PIP_NO_INPUT="1")
     offline = run(pip + ["--no-index", "--find-links", dest] + list(target) + list(requirements),
-                  capture_output=True, text=True, env=env)
+                  capture_output=True, text=True, env=env, check=False)
     report = {"dest": dest, "requirements": list(requirements), "pip_args": list(target), "added": [],
               "changed": False}
     if offline.returncode == 0:
@@ -163,11 +164,11 @@ def build(dest: str, requirements: Sequence[str], target: Sequence[str], index_u
             handle.write("".join("%s==%s\n" % item for item in sorted(held.items())))
         try:
             online = run(pip + index + ["--constraint", handle.name] + list(target) + list(requirements),
-                         capture_output=True, text=True, env=env)
+                         capture_output=True, text=True, env=env, check=False)
         finally:
             os.unlink(handle.name)
     if online is None or online.returncode != 0:
-        online = run(pip + index + list(target) + list(requirements), capture_output=True, text=True, env=env)
+        online = run(pip + index + list(target) + list(requirements), capture_output=True, text=True, env=env, check=False)
     if online.returncode != 0:
         raise WheelhouseError(
             "pip download into %s failed for %s: %s. Check each name and pinned version on the index; only "
@@ -180,7 +181,7 @@ def build(dest: str, requirements: Sequence[str], target: Sequence[str], index_u
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m raymetal.wheelhouse", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="ray_wheelhouse.py", description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--dest", required=True, help="wheelhouse directory (created when absent)")
     parser.add_argument("--python-version", default="", help="the nodes' Python release, 3.N (default: this one's)")
     parser.add_argument("--node-machine", default="", help="the nodes' machine, e.g. x86_64 (default: this one's)")
