@@ -71,14 +71,16 @@ def monitoring_scrape_targets(hosts, hostvars, addresses, head_hosts, node_expor
 
 
 def monitoring_ports(is_monitoring_host, is_head, prometheus_port, node_exporter_port, dcgm_exporter_port=None,
-                     grafana_port=None):
+                     grafana_port=None, alertmanager_ports=None):
     """Ports this node opens for monitoring, in the firewall role's firewall_ports format.
 
     node_exporter on every node and dcgm-exporter where it runs (metrics
     ports: open to the scrapers only); Prometheus and Grafana on the
     monitoring host, reachable from admin networks (and loopback, where the
     SSH tunnel arrives); from the cluster too when the monitoring host is not
-    the head, whose dashboard queries them.
+    the head, whose dashboard queries them. Alertmanager's ports (its web port and its HA cluster port,
+    alertmanager_ports) closed to all but loopback: it listens there alone once configured, and on every
+    address in the moment between the package's install and that restart.
     """
     ports = [{"name": "node_exporter", "port": int(node_exporter_port), "proto": "tcp", "scope": "all",
               "metrics": True}]
@@ -91,6 +93,8 @@ def monitoring_ports(is_monitoring_host, is_head, prometheus_port, node_exporter
         if grafana_port:
             ports.append({"name": "grafana", "port": int(grafana_port), "proto": "tcp",
                           "scope": "closed" if is_head else "all", "admin": True})
+        for number in alertmanager_ports or []:
+            ports.append({"name": "alertmanager", "port": int(number), "proto": "tcp", "scope": "closed"})
     return ports
 
 

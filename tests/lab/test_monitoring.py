@@ -135,10 +135,10 @@ def test_rerun_changes_nothing_and_keeps_prometheus_running(cluster, lab):
     assert f"-L 9090:{lab[HEAD]['lab_fabric_ip']}:9090" in out
 
 
-# Every port the monitoring listens on where it runs: Prometheus, node_exporter, dcgm-exporter, Grafana (the lab
-# runs the first two; the others are checked all the same).
-MONITORING_PORTS = (9090, 9100, 9400, 3000)
-MONITORING_UNITS = ("prometheus", "prometheus-node-exporter")
+# Every port the monitoring listens on where it runs: Prometheus, node_exporter, dcgm-exporter, Grafana, Alertmanager
+# and its cluster port (the lab runs Prometheus, node_exporter and Alertmanager; the others are checked all the same).
+MONITORING_PORTS = (9090, 9100, 9400, 3000, 9093, 9094)
+MONITORING_UNITS = ("prometheus", "prometheus-node-exporter", "prometheus-alertmanager")
 
 
 def listening_ports(name):
@@ -172,3 +172,8 @@ def test_monitoring_switched_off_stops_on_every_node_and_comes_back_when_on(clus
     assert rc_on == 0, out_on[-3000:]
     labkit.wait_until(lambda: all_up(lab), 120, interval=3, what="every target up again")
     assert all(main_pid(name, "prometheus-node-exporter") not in ("", "0") for name in lab)
+    # Alertmanager is back on the monitoring host, on loopback only (molecule's monitoring scenario follows an
+    # alert through it to a webhook).
+    assert main_pid(HEAD, "prometheus-alertmanager") not in ("", "0")
+    on_head = labkit.sh(HEAD, "ss -ltnH").stdout
+    assert "127.0.0.1:9093 " in on_head and ":9094 " not in on_head, on_head

@@ -116,6 +116,27 @@ def test_both_daemons_listen_on_the_fabric_address_only(rendered):
     assert "--collector.systemd.unit-include=ray-(head|worker)[.]service" in node
 
 
+def test_alerts_go_from_prometheus_to_alertmanager_on_loopback_and_on_to_the_receivers(rendered):
+    config = yaml.safe_load((rendered / "prometheus.yml").read_text())
+    assert config["alerting"] == {"alertmanagers": [{"static_configs": [{"targets": ["127.0.0.1:9093"]}]}]}
+    # Loopback only, and the HA cluster listener off (an empty address): nothing of it on the fabric.
+    args = (rendered / "prometheus-alertmanager.default").read_text()
+    assert 'ARGS="--web.listen-address=127.0.0.1:9093 --cluster.listen-address="\n' in args
+    am = yaml.safe_load((rendered / "alertmanager.yml").read_text())
+    assert am["route"]["receiver"] == "raymetal" and am["route"]["group_wait"] == "30s"
+    (receiver,) = am["receivers"]
+    assert receiver["webhook_configs"] == [{"url": "https://hooks.example.org/raymetal?token=s3cret",
+                                            "send_resolved": True}]
+    assert receiver["email_configs"] == [{"to": "hpc-admins@example.org", "send_resolved": True}]
+    assert am["global"]["smtp_smarthost"] == "mail.example.org:25"
+    # Both of its ports are in the monitoring host's firewall list, closed to all but loopback (Debian starts the
+    # package on every address before its arguments are written).
+    ports = {h: [p for p in f["monitoring_ports"] if p["name"] == "alertmanager"] for h, f in facts(rendered).items()}
+    assert ports == {"head": [{"name": "alertmanager", "port": 9093, "proto": "tcp", "scope": "closed"},
+                              {"name": "alertmanager", "port": 9094, "proto": "tcp", "scope": "closed"}],
+                     "worker1": [], "worker2": []}
+
+
 def facts(rendered):
     return json.loads((rendered / "facts.json").read_text())
 

@@ -191,7 +191,9 @@ def test_the_markers_are_lines_of_the_roles_templates():
     comps = yaml.safe_load((ROOT / "roles/monitoring/vars/main.yml").read_text())["__monitoring_components"]
     templates = {"/etc/default/prometheus-node-exporter": "prometheus-node-exporter.default.j2",
                  "/etc/default/prometheus": "prometheus.default.j2",
-                 "/etc/prometheus/prometheus.yml": "prometheus.yml.j2"}
+                 "/etc/prometheus/prometheus.yml": "prometheus.yml.j2",
+                 "/etc/default/prometheus-alertmanager": "prometheus-alertmanager.default.j2",
+                 "/etc/prometheus/alertmanager.yml": "alertmanager.yml.j2"}
     written = {path: text for comp in comps for path, text in (comp.get("written") or {}).items()}
     assert sorted(written) == sorted(templates)
     for path, text in written.items():
