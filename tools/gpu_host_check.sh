@@ -129,6 +129,26 @@ cp /tmp/raymetal-nccl-*/nccl.log "$out/nccl.log" 2>/dev/null || echo "no NCCL lo
 timeout 60 "$py" -m ray.scripts.scripts stop --force > /dev/null 2>&1
 rm -rf "$work"
 
+# The kernel log's NVIDIA records as /dev/kmsg gives them (prio,seq,usec,flags;text), one a line.
+nvidia_kmsg() {
+  "$py" - <<'EOF'
+import os
+fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+while True:
+    try:
+        rec = os.read(fd, 8192).decode("utf-8", "replace")
+    except BlockingIOError:
+        break
+    except OSError as exc:  # EPIPE: a record overwritten while reading; go on
+        if exc.errno == 32:
+            continue
+        raise
+    text = rec.split(";", 1)[-1]
+    if "NVRM" in text or "nvidia" in text.lower() or "Xid" in text:
+        print(rec.rstrip("\n").splitlines()[0])
+EOF
+}
+
 step "4. what a health check reads (issue 36): ECC, retired pages, remapped rows, the kernel log, DCGM"
 # The fields the health loop queries; a name the driver does not know makes nvidia-smi fail, so
 # the list is also checked against --help-query-gpu by the unit test that reads this recording.
@@ -163,22 +183,7 @@ cat "$out/proc-driver-gpus.txt" "$out/pci-drivers.txt"
 # The kernel log as a health loop reads it: /dev/kmsg records (prio,seq,usec,flags;text), NVIDIA's lines only.
 { echo "dmesg_restrict=$(cat /proc/sys/kernel/dmesg_restrict 2>/dev/null)"; command -v journalctl || echo "no journalctl";
   command -v dmesg || echo "no dmesg"; } > "$out/kmsg-access.txt"
-"$py" - > "$out/kmsg-nvrm.txt" 2>> "$out/kmsg-access.txt" <<'EOF'
-import os
-fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
-while True:
-    try:
-        rec = os.read(fd, 8192).decode("utf-8", "replace")
-    except BlockingIOError:
-        break
-    except OSError as exc:  # EPIPE: a record overwritten while reading; go on
-        if exc.errno == 32:
-            continue
-        raise
-    text = rec.split(";", 1)[-1]
-    if "NVRM" in text or "nvidia" in text.lower() or "Xid" in text:
-        print(rec.rstrip("\n").splitlines()[0])
-EOF
+nvidia_kmsg > "$out/kmsg-nvrm.txt" 2>> "$out/kmsg-access.txt"
 wc -l "$out/kmsg-nvrm.txt"; cat "$out/kmsg-access.txt"
 { command -v dcgmi && timeout 20 dcgmi discovery -l; command -v nv-hostengine; } > "$out/dcgm.txt" 2>&1 || echo "no dcgmi" >> "$out/dcgm.txt"
 cat "$out/dcgm.txt"
@@ -267,19 +272,7 @@ except Exception as exc:  # noqa: BLE001  (the fault is the point)
 EOF
 cat "$out/xid-fault.txt"
 sleep 2
-"$py" - > "$out/kmsg-after-fault.txt" <<'EOF'
-import os
-fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
-while True:
-    try:
-        rec = os.read(fd, 8192).decode("utf-8", "replace")
-    except BlockingIOError:
-        break
-    except OSError:
-        continue
-    if "NVRM" in rec or "Xid" in rec:
-        print(rec.rstrip("\n").splitlines()[0])
-EOF
+nvidia_kmsg > "$out/kmsg-after-fault.txt"
 diff "$out/kmsg-nvrm.txt" "$out/kmsg-after-fault.txt" | grep '^>' | cut -c3- > "$out/kmsg-xid.txt"
 cat "$out/kmsg-xid.txt"
 nvidia-smi --query-gpu="$health_fields" --format=csv,noheader,nounits > "$out/smi-health-after-fault.csv" 2>&1

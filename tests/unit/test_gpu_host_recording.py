@@ -42,11 +42,11 @@ RAY_NCCL = _load_ray_nccl()
 THERE = json.loads((RECORDED / "modules.json").read_text())
 
 
-def recorded_smi(tmp_path):
+def recorded_smi(tmp_path, recorded=RECORDED):
     """An nvidia-smi that prints what the real one printed: `-q`, else the module's CSV query."""
     script = tmp_path / "nvidia-smi"
     script.write_text('#!/bin/sh\nif [ "$1" = -q ]; then cat "%s"; else cat "%s"; fi\n'
-                      % (RECORDED / "smi-q.txt", RECORDED / "smi.csv"))
+                      % (recorded / "smi-q.txt", recorded / "smi.csv"))
     script.chmod(0o755)
     return str(script)
 
@@ -162,12 +162,8 @@ THERE_H200 = json.loads((H200 / "modules.json").read_text())
 
 
 def test_nvidia_gpu_facts_reads_the_recorded_h200_as_it_did_there(tmp_path):
-    script = tmp_path / "nvidia-smi"
-    script.write_text('#!/bin/sh\nif [ "$1" = -q ]; then cat "%s"; else cat "%s"; fi\n'
-                      % (H200 / "smi-q.txt", H200 / "smi.csv"))
-    script.chmod(0o755)
     kind, result = harness_run(nvidia_gpu_facts, {"sysfs_root": str(H200 / "sys"), "query_smi": True,
-                                                  "expected_branch": "580", "nvidia_smi_path": str(script)})
+                                                  "expected_branch": "580", "nvidia_smi_path": recorded_smi(tmp_path, H200)})
     assert kind is ExitJson
     assert result["ansible_facts"] == THERE_H200["nvidia_gpu_facts"]["ansible_facts"]
     gpu, driver = result["ansible_facts"]["nvidia_gpu"], result["ansible_facts"]["nvidia_driver"]
