@@ -93,8 +93,8 @@ def monitoring_ports(is_monitoring_host, is_head, prometheus_port, node_exporter
         if grafana_port:
             ports.append({"name": "grafana", "port": int(grafana_port), "proto": "tcp",
                           "scope": "closed" if is_head else "all", "admin": True})
-        for number in alertmanager_ports or []:
-            ports.append({"name": "alertmanager", "port": int(number), "proto": "tcp", "scope": "closed"})
+        for name, number in zip(("alertmanager", "alertmanager_cluster"), alertmanager_ports or []):
+            ports.append({"name": name, "port": int(number), "proto": "tcp", "scope": "closed"})
     return ports
 
 

@@ -131,10 +131,22 @@ def test_alerts_go_from_prometheus_to_alertmanager_on_loopback_and_on_to_the_rec
     assert am["global"]["smtp_smarthost"] == "mail.example.org:25"
     # Both of its ports are in the monitoring host's firewall list, closed to all but loopback (Debian starts the
     # package on every address before its arguments are written).
-    ports = {h: [p for p in f["monitoring_ports"] if p["name"] == "alertmanager"] for h, f in facts(rendered).items()}
+    published = facts(rendered)
+    ports = {h: [p for p in f["monitoring_ports"] if p["name"].startswith("alertmanager")] for h, f in published.items()}
     assert ports == {"head": [{"name": "alertmanager", "port": 9093, "proto": "tcp", "scope": "closed"},
-                              {"name": "alertmanager", "port": 9094, "proto": "tcp", "scope": "closed"}],
+                              {"name": "alertmanager_cluster", "port": 9094, "proto": "tcp", "scope": "closed"}],
                      "worker1": [], "worker2": []}
+
+
+def test_every_nodes_monitoring_ports_pass_the_firewalls_input_check_beside_rays(rendered):
+    """The firewall role checks the list the deploy hands it (Ray's ports and the monitoring's): unique names,
+    valid ports and scopes. Two entries of one name stopped every deploy with monitoring on."""
+    from ansible_collections.raymetal.cluster.plugins.filter.firewall import firewall_invalid_ports
+
+    inventory = yaml.safe_load((HERE / "inventory.yml").read_text())
+    ray_ports = inventory["ray_cluster"]["vars"]["__ports"]
+    for host, published in facts(rendered).items():
+        assert firewall_invalid_ports(ray_ports + published["monitoring_ports"]) == [], host
 
 
 def facts(rendered):
