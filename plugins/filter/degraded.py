@@ -44,11 +44,16 @@ def unreachable_plan(unreachable, workers, budget, critical=None, allowed=True, 
     ansible_host, named in the messages.
 
     Returns ``{"left_out": {host: reason}, "refused": message}``: either the workers left out (refused is
-    '') or the reason the run stops before any change (left_out is empty).
+    '') or the reason the run stops before any change (left_out is empty). A ``budget`` that is neither a
+    count nor a percentage is refused whether or not a host is unreachable.
     """
     unreachable = dict(unreachable or {})
     critical = dict(critical or {})
     workers = list(workers or [])
+    # A bad budget is refused on every run, not only on the day a host is unreachable and it is needed.
+    problem = unreachable_budget(budget, workers)[1]
+    if problem:
+        return {"left_out": {}, "refused": problem}
     if not unreachable:
         return {"left_out": {}, "refused": ""}
     names = sorted(unreachable)

@@ -30,6 +30,7 @@ CASES = {
     "stray_host": r"raymetal-worker2 are in ray_cluster but in neither ray_head nor ray_worker",
     "unreachable": r"1 host\(s\) cannot be reached, so nothing was changed anywhere: raymetal-ghost \(ansible_host=10\.\d+\.\d+\.250",
     "non_systemd": r"controller-not-systemd: service manager is \w+, not systemd",
+    "bad_budget": r"raymetal_max_unreachable='lots' is not a count or a percentage\. Fix: set raymetal_max_unreachable",
 }
 
 

@@ -13,9 +13,18 @@ SSH = ('Task failed: Data could not be sent to remote host "10.0.0.3". Make sure
        "ssh: connect to host 10.0.0.3 port 22: No route to host")
 
 
-def test_every_host_reached_leaves_nothing_out_whatever_the_budget():
-    assert d.unreachable_plan({}, WORKERS, 0) == {"left_out": {}, "refused": ""}
-    assert d.unreachable_plan({}, WORKERS, "bogus") == {"left_out": {}, "refused": ""}
+def test_every_host_reached_leaves_nothing_out():
+    for budget in (0, 3, "0", "0%", "10%", "100%"):
+        assert d.unreachable_plan({}, WORKERS, budget) == {"left_out": {}, "refused": ""}, budget
+
+
+def test_a_bad_budget_is_refused_even_when_every_host_is_reached():
+    """It was only refused on the day a host was unreachable and the budget was needed."""
+    for budget in ("bogus", -1, "150%", "x%", True, "1.5"):
+        plan = d.unreachable_plan({}, WORKERS, budget)
+        assert plan["left_out"] == {}
+        assert plan["refused"].startswith("raymetal_max_unreachable=%r " % (budget,)), plan
+        assert "Fix: set raymetal_max_unreachable to a whole number of workers" in plan["refused"]
 
 
 def test_the_default_budget_refuses_one_unreachable_worker_and_names_it():
