@@ -348,3 +348,40 @@ def breaker(quarantines, host, workers, max_share, max_at_once, window_s, now):
                        "(%g%% of the workers)" % (host, len(recent), workers, window_s, ", ".join(recent), in_window,
                                                   max_share * 100))
     return True, ""
+
+
+def node_round(config, state, now, read):
+    """One round of the node's health loop: (new state, the round's findings, the action).
+
+    ``config``: ``role`` (``head`` or ``worker``), ``interface`` and ``address`` (the fabric interface and the
+    address Ray is bound to), ``temp_dir`` and ``min_free_bytes``, ``gpus`` (the PCI addresses of the GPUs
+    on the bus, as the deploy found them), ``readmit_passes``, ``sysfs_root``.
+    ``state``: what the last round kept: ``record`` (the quarantine record or None) and ``kmsg_seq`` (the
+    last kernel log record read; -1 at first).
+    ``read``: the inputs, as callables (tests pass recordings): ``smi()`` -> parse_smi_health rows or None,
+    ``kmsg(after_seq)`` -> read_kmsg records, ``driver_gpus()`` -> driver_gpus, ``addresses(interface)`` ->
+    the interface's addresses.
+
+    Only kernel log records after ``kmsg_seq`` count, so an Xid is a finding in the round it appears (a
+    hardware one quarantines the node until an operator re-admits it; the same line never counts twice).
+    On the head the action is ``report`` where a worker's would be ``quarantine``: the loop never stops
+    the head.
+    """
+    findings = []
+    rows = read["smi"]() if config.get("gpus") else None
+    findings.extend(gpu_health_findings(rows or []))
+    findings.extend(lost_gpu_findings(config.get("gpus") or [], read["driver_gpus"]() if config.get("gpus") else None))
+    records = read["kmsg"](state.get("kmsg_seq", -1))
+    findings.extend(xid_findings(xid_events(records)))
+    if config.get("interface"):
+        findings.extend(interface_findings(config.get("sysfs_root", "/sys"), config["interface"],
+                                           config.get("address", ""), read["addresses"](config["interface"])))
+    if config.get("temp_dir"):
+        findings.extend(temp_dir_findings(config["temp_dir"], int(config.get("min_free_bytes", 0))))
+    record, action = next_state(state.get("record"), findings, now, int(config.get("readmit_passes", 4)))
+    seq = max([rec["seq"] for rec in records] + [state.get("kmsg_seq", -1)])
+    if record and action == "quarantine":
+        record["kmsg_seq"] = seq
+    if config.get("role") == "head" and action in ("quarantine", "worse"):
+        action = "report"
+    return {"record": record, "kmsg_seq": seq}, findings, action

@@ -287,3 +287,65 @@ def test_the_breaker_caps_quarantines_at_once_and_in_the_window():
     assert health.breaker({}, "w1", 100, 0.1, 20, 600, 1000) == (True, "")
     ten = dict(("w%d" % i, {"since": 999, "lifted": 999}) for i in range(10))
     assert health.breaker(ten, "w50", 100, 0.1, 20, 600, 1000)[0] is False
+
+
+def round_inputs(tmp_path, csv_text=HEALTH_CSV, kmsg_lines=(), held=("0000:00:06.0",), addresses=("10.10.0.2",)):
+    net = tmp_path / "class" / "net" / "ib0"
+    net.mkdir(parents=True, exist_ok=True)
+    (net / "operstate").write_text("up\n")
+    log = kmsg(tmp_path, *kmsg_lines)
+    return {"smi": lambda: health.parse_smi_health(csv_text), "kmsg": lambda after: health.read_kmsg(log, after),
+            "driver_gpus": lambda: list(held), "addresses": lambda interface: list(addresses)}
+
+
+ROUND = {"role": "worker", "interface": "ib0", "address": "10.10.0.2", "gpus": ["0000:00:06.0"],
+         "readmit_passes": 2}
+
+
+def test_a_round_on_the_healthy_h200_does_nothing_and_moves_the_kernel_log_cursor(tmp_path):
+    log = (H200 / "kmsg-nvrm.txt").read_text().splitlines() + (H200 / "kmsg-xid.txt").read_text().splitlines()
+    config = dict(ROUND, sysfs_root=str(tmp_path), temp_dir=str(tmp_path), min_free_bytes=1)
+    state, findings, action = health.node_round(config, {"record": None, "kmsg_seq": -1}, 100,
+                                                round_inputs(tmp_path, kmsg_lines=log))
+    # The real Xid 31 is read and is no finding; the cursor moves past it.
+    assert (findings, action, state) == ([], None, {"record": None, "kmsg_seq": 360})
+
+
+def test_a_hardware_xid_counts_in_the_round_it_appears_and_holds_until_an_operator(tmp_path):
+    line = XID31.replace("): 31, ", "): 79, ")
+    config = dict(ROUND, sysfs_root=str(tmp_path))
+    inputs = round_inputs(tmp_path, kmsg_lines=[line])
+    state, findings, action = health.node_round(config, {"record": None, "kmsg_seq": 359}, 100, inputs)
+    assert action == "quarantine" and [f["check"] for f in findings] == ["gpu_xid"]
+    assert (state["record"]["class"], state["record"]["kmsg_seq"], state["kmsg_seq"]) == ("hardware", 360, 360)
+    # The same line is not read again, the checks pass, and still nothing re-admits the node.
+    for now in (115, 130, 145):
+        state, findings, action = health.node_round(config, state, now, inputs)
+        assert (findings, action, state["record"]["class"]) == ([], "hold", "hardware")
+
+
+def test_a_lost_address_quarantines_a_worker_and_its_return_readmits_it(tmp_path):
+    config = dict(ROUND, sysfs_root=str(tmp_path))
+    state, findings, action = health.node_round(config, {}, 100, round_inputs(tmp_path, addresses=()))
+    assert (action, state["record"]["check"], state["record"]["class"]) == ("quarantine", "fabric_address", "transient")
+    back = round_inputs(tmp_path)
+    state, _, action = health.node_round(config, state, 115, back)
+    assert action == "hold"
+    state, _, action = health.node_round(config, state, 130, back)
+    assert (action, state["record"]) == ("readmit", None)
+
+
+def test_the_head_is_reported_never_quarantined(tmp_path):
+    config = dict(ROUND, role="head", sysfs_root=str(tmp_path))
+    ecc = HEALTH_CSV.replace("Enabled, 0, 0,", "Enabled, 1, 1,")
+    state, findings, action = health.node_round(config, {}, 100, round_inputs(tmp_path, csv_text=ecc))
+    assert action == "report" and state["record"]["class"] == "hardware"
+    assert [f["check"] for f in findings] == ["gpu_ecc"]
+
+
+def test_a_node_without_gpus_asks_no_gpu_question(tmp_path):
+    def refuse(*args):
+        raise AssertionError("asked")
+    config = dict(ROUND, gpus=[], sysfs_root=str(tmp_path))
+    inputs = dict(round_inputs(tmp_path), smi=refuse, driver_gpus=refuse)
+    assert health.node_round(config, {}, 100, inputs)[1:] == ([], None)
