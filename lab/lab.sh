@@ -362,8 +362,9 @@ ensure_key() {
 start_node() {
   local node=$1 mgmt_ip=$2 fabric_ip=$3 name=$LAB_PREFIX-$1 image
   image=$(image_for_release "$(release_of_node "$node")")
-  # A running node stays, unless it runs another image (the lab's release changed).
-  if [[ $(docker inspect -f '{{.State.Running}} {{.Config.Image}}' "$name" 2>/dev/null || true) == "true $image" ]]; then
+  # A running node stays, unless it runs another image (the lab's release changed) or is paused (an
+  # interrupted test that pauses a node, such as tests/lab/test_degraded.py, leaves it so).
+  if [[ $(docker inspect -f '{{.State.Running}} {{.State.Paused}} {{.Config.Image}}' "$name" 2>/dev/null || true) == "true false $image" ]]; then
     return
   fi
   docker rm -f "$name" >/dev/null 2>&1 || true
