@@ -404,10 +404,6 @@ def counter_growth(ports, previous):
     return record
 
 
-def _finding(severity, check, subject, message):
-    return {"severity": severity, "check": check, "subject": subject, "message": message}
-
-
 def _port_label(port):
     label = "%s:%d" % (port["name"], port["port"])
     return "%s (%s)" % (label, port["netdev"]) if port["netdev"] else label
@@ -428,16 +424,16 @@ def evaluate(facts, expected_gpus=-1, require_peermem=True):
     for port in ports:
         subject = "%s:%d" % (port["name"], port["port"])
         if port["state"] != "ACTIVE" or port["phys_state"] != "LinkUp":
-            found.append(_finding("fail", "port_state", subject, "%s is %s, physical state %s" % (
+            found.append(health.finding("fail", "port_state", subject, "%s is %s, physical state %s" % (
                 _port_label(port), port["state"], port["phys_state"])))
         growth = port["growth"] or {}
         flaps = ["%s +%d" % (c, growth[c]) for c in FLAP_COUNTERS if growth.get(c)]
         others = ["%s +%d" % (c, n) for c, n in sorted(growth.items()) if n and c not in FLAP_COUNTERS]
         if flaps:
-            found.append(_finding("fail", "port_flapping", subject, "%s is flapping since the last check: %s" % (
+            found.append(health.finding("fail", "port_flapping", subject, "%s is flapping since the last check: %s" % (
                 _port_label(port), ", ".join(flaps + others))))
         elif others:
-            found.append(_finding("warn", "port_errors", subject, "%s error counters grew since the last check: %s" % (
+            found.append(health.finding("warn", "port_errors", subject, "%s error counters grew since the last check: %s" % (
                 _port_label(port), ", ".join(others))))
     # Rates within the node, per link layer: a port that trained below its siblings.
     for layer in sorted(set(p["link_layer"] for p in ports)):
@@ -445,35 +441,35 @@ def evaluate(facts, expected_gpus=-1, require_peermem=True):
         best = max([p["rate_gbps"] for p in active] or [0])
         for port in active:
             if port["rate_gbps"] < best:
-                found.append(_finding("fail", "port_rate", "%s:%d" % (port["name"], port["port"]),
-                                      "%s rate %s, other %s ports %s" % (
-                                          _port_label(port), _gbps(port["rate_gbps"]), layer, _gbps(best))))
+                found.append(health.finding("fail", "port_rate", "%s:%d" % (port["name"], port["port"]),
+                                            "%s rate %s, other %s ports %s" % (
+                                                _port_label(port), _gbps(port["rate_gbps"]), layer, _gbps(best))))
     firmware = {}
     for name, fw_ver in facts["hca_firmware"].items():
         firmware.setdefault(fw_ver, []).append(name)
     if len(firmware) > 1:
         parts = ["%s %s" % (",".join(sorted(names, key=natural_key)), fw) for fw, names in sorted(firmware.items())]
-        found.append(_finding("warn", "hca_firmware", "hca", "mixed HCA firmware: %s" % "; ".join(parts)))
+        found.append(health.finding("warn", "hca_firmware", "hca", "mixed HCA firmware: %s" % "; ".join(parts)))
     for link in facts["pcie"]:
         what = "GPU %s" % link["address"] if link["kind"] == "gpu" else "HCA %s (%s)" % (link["name"], link["address"])
         if link["width"] is not None and link["max_width"] is not None and link["width"] < link["max_width"]:
-            found.append(_finding("fail", "pcie_width", link["address"], "%s PCIe link %s" % (what, _width(link))))
+            found.append(health.finding("fail", "pcie_width", link["address"], "%s PCIe link %s" % (what, _width(link))))
         if (link["kind"] == "hca" and link["speed_gts"] is not None and link["max_speed_gts"] is not None
                 and link["speed_gts"] < link["max_speed_gts"]):
-            found.append(_finding("fail", "pcie_speed", link["address"], "%s PCIe link at %g GT/s of %g GT/s" % (
+            found.append(health.finding("fail", "pcie_speed", link["address"], "%s PCIe link at %g GT/s of %g GT/s" % (
                 what, link["speed_gts"], link["max_speed_gts"])))
     rdma_active = [p for p in ports if p["state"] == "ACTIVE"]
     if require_peermem and facts["gpu_count"] and rdma_active and not facts["nvidia_peermem"]:
-        found.append(_finding("fail", "nvidia_peermem", "nvidia_peermem",
-                              "nvidia_peermem is not loaded: %d GPU(s) and %d active RDMA port(s), so GPUDirect RDMA "
-                              "is off (fix: modprobe nvidia_peermem; the nvidia_driver role loads it on RDMA fabrics)"
-                              % (facts["gpu_count"], len(rdma_active))))
+        found.append(health.finding("fail", "nvidia_peermem", "nvidia_peermem",
+                                    "nvidia_peermem is not loaded: %d GPU(s) and %d active RDMA port(s), so GPUDirect RDMA "
+                                    "is off (fix: modprobe nvidia_peermem; the nvidia_driver role loads it on RDMA fabrics)"
+                                    % (facts["gpu_count"], len(rdma_active))))
     found.extend(health.gpu_health_findings(facts.get("gpu_health") or []))
     found.extend(health.xid_findings(facts.get("xid") or []))
     gpus_on_bus = [link["address"] for link in facts["pcie"] if link["kind"] == "gpu"]
     found.extend(health.lost_gpu_findings(gpus_on_bus, facts.get("driver_gpus")))
     if expected_gpus >= 0 and facts["gpu_count"] != expected_gpus:
-        found.append(_finding("fail", "gpu_count", "gpus", "%d GPU(s) on the PCI bus, %d expected" % (
+        found.append(health.finding("fail", "gpu_count", "gpus", "%d GPU(s) on the PCI bus, %d expected" % (
             facts["gpu_count"], expected_gpus)))
     found.sort(key=lambda f: f["severity"] != "fail")
     return found
@@ -602,13 +598,15 @@ def read_gpu_health(module, facts):
     facts["driver_gpus"] = health.driver_gpus(params["nvidia_proc"]) if facts["gpu_count"] else None
     smi = params["nvidia_smi"] or (module.get_bin_path("nvidia-smi") if facts["gpu_count"] else None)
     if facts["gpu_count"] and smi:
-        rc, out, err = module.run_command(health.smi_health_command(smi), environ_update=C_LOCALE)
-        try:
-            facts["gpu_health"] = health.parse_smi_health(out) if rc == 0 else None
-        except ValueError as exc:
-            problem = str(exc)
+        command = health.smi_health_command(smi)
+        rc, out, err = module.run_command(command, environ_update=C_LOCALE)
         if rc != 0:
-            problem = "'%s' failed with rc=%d: %s" % (" ".join(health.smi_health_command(smi)), rc, (err or out).strip()[-300:])
+            problem = "'%s' failed with rc=%d: %s" % (" ".join(command), rc, (err or out).strip()[-300:])
+        else:
+            try:
+                facts["gpu_health"] = health.parse_smi_health(out)
+            except ValueError as exc:
+                problem = str(exc)
     if not params["kernel_log"]:
         facts["kernel_log"] = "off"
         return problem
@@ -673,9 +671,9 @@ def main():
         facts["versions"].update(software)
     facts["findings"] = evaluate(facts, params["expected_gpus"], params["require_peermem"])
     if software_problem:
-        facts["findings"].insert(0, _finding("fail", "software", params["python"], software_problem))
+        facts["findings"].insert(0, health.finding("fail", "software", params["python"], software_problem))
     if gpu_problem:
-        facts["findings"].append(_finding("warn", "gpu_health", "nvidia-smi", gpu_problem))
+        facts["findings"].append(health.finding("warn", "gpu_health", "nvidia-smi", gpu_problem))
     # The counter record is this module's own bookkeeping, not a change to the node's configuration.
     module.exit_json(changed=False, ansible_facts={"node_checks": facts})
 
