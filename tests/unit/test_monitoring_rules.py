@@ -138,6 +138,25 @@ def test_alerts_go_from_prometheus_to_alertmanager_on_loopback_and_on_to_the_rec
                      "worker1": [], "worker2": []}
 
 
+@pytest.mark.parametrize("extra, words", [
+    ({"monitoring_alertmanager_webhooks": ["https://hooks.example.org/a", "user:pw@hooks.example.org/b"]},
+     "monitoring_alertmanager_webhooks holds 1 entry(ies) that are not http:// or https:// URLs "
+     "(first: user:pw@hooks.example.org/b). Fix: give each webhook as a full URL"),
+    ({"monitoring_alertmanager_email_to": ["ops@example.org"], "monitoring_alertmanager_smtp_smarthost": "mail"},
+     'monitoring_alertmanager_email_to is set but monitoring_alertmanager_smtp_smarthost ("mail") is not host:port.'),
+])
+def test_a_bad_alert_receiver_stops_the_preflight_with_the_fix(tmp_path, extra, words):
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH="%s:%s" % (VENV_BIN, os.environ.get("PATH", "")))
+    proc = subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(HERE / "inventory.yml"), str(HERE / "render.yml"),
+         "-e", "out=%s" % tmp_path, "-e", json.dumps(extra)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0 and words in out, out[-3000:]
+    assert "Traceback" not in out
+
+
 def test_every_nodes_monitoring_ports_pass_the_firewalls_input_check_beside_rays(rendered):
     """The firewall role checks the list the deploy hands it (Ray's ports and the monitoring's): unique names,
     valid ports and scopes. Two entries of one name stopped every deploy with monitoring on."""
