@@ -46,7 +46,9 @@ def test_a_budget_is_a_count_or_a_share_of_the_workers_rounded_down(budget, allo
     assert d.unreachable_budget(budget, WORKERS) == (allowed, "")
 
 
-@pytest.mark.parametrize("budget", [-1, "-1", "x", "150%", "1.5", True, None])
+# '²' is a digit to str.isdigit() but not to int(): it was a ValueError (a traceback), not a message.
+# Other scripts' digits ('３', '٣') are refused too: the inventory spells a budget in ASCII.
+@pytest.mark.parametrize("budget", [-1, "-1", "x", "150%", "1.5", True, None, "²", "3²", "３", "٣", "１０%", "", "%"])
 def test_a_bad_budget_refuses_with_the_variable_and_the_fix(budget):
     plan = d.unreachable_plan({"w3": SSH}, WORKERS, budget)
     assert plan["left_out"] == {} and plan["refused"].startswith("raymetal_max_unreachable=")
