@@ -37,6 +37,13 @@ def unreachable_budget(value, workers):
     return 0, "raymetal_max_unreachable=%r is not a count or a percentage. %s" % (value, fix)
 
 
+def unreachable_budget_problem(value):
+    """'' when ``value`` is a valid raymetal_max_unreachable (a count >= 0, or a percentage up to 100 %), else
+    the message that stops the run: the variable, the value and the fix. Validation checks it on every run,
+    before it contacts any host, whether or not the budget is needed that day."""
+    return unreachable_budget(value, [])[1]
+
+
 def unreachable_plan(unreachable, workers, budget, critical=None, allowed=True, addresses=None):
     """Decide what a run does with the hosts it could not reach.
 
@@ -113,6 +120,7 @@ class FilterModule:
     def filters(self):
         return {
             "unreachable_plan": unreachable_plan,
+            "unreachable_budget_problem": unreachable_budget_problem,
             "exclude_pattern": exclude_pattern,
             "cluster_members": cluster_members,
         }
