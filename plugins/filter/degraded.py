@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 
-_PERCENT = re.compile(r"^\s*(\d{1,3})\s*%\s*$")
+# ASCII digits only: str.isdigit() and \d also take '²' (which int() refuses) and other scripts' digits.
+_COUNT = re.compile(r"^\s*([0-9]+)\s*$")
+_PERCENT = re.compile(r"^\s*([0-9]{1,3})\s*%\s*$")
 
 
 def _why(message):
@@ -25,13 +27,21 @@ def unreachable_budget(value, workers):
         if value < 0:
             return 0, "raymetal_max_unreachable=%d is negative. %s" % (value, fix)
         return value, ""
-    text = str(value if value is not None else "").strip()
-    if text.isdigit():
-        return int(text), ""
+    text = str(value if value is not None else "")
+    match = _COUNT.match(text)
+    if match:
+        return int(match.group(1)), ""
     match = _PERCENT.match(text)
     if match and int(match.group(1)) <= 100:
         return int(match.group(1)) * len(workers) // 100, ""
     return 0, "raymetal_max_unreachable=%r is not a count or a percentage. %s" % (value, fix)
+
+
+def unreachable_budget_problem(value):
+    """'' when ``value`` is a valid raymetal_max_unreachable (a count >= 0, or a percentage up to 100 %), else
+    the message that stops the run: the variable, the value and the fix. Validation checks it on every run,
+    before it contacts any host, whether or not the budget is needed that day."""
+    return unreachable_budget(value, [])[1]
 
 
 def unreachable_plan(unreachable, workers, budget, critical=None, allowed=True, addresses=None):
@@ -51,7 +61,7 @@ def unreachable_plan(unreachable, workers, budget, critical=None, allowed=True, 
     critical = dict(critical or {})
     workers = list(workers or [])
     # A bad budget is refused on every run, not only on the day a host is unreachable and it is needed.
-    problem = unreachable_budget(budget, workers)[1]
+    count, problem = unreachable_budget(budget, workers)
     if problem:
         return {"left_out": {}, "refused": problem}
     if not unreachable:
@@ -67,9 +77,6 @@ def unreachable_plan(unreachable, workers, budget, critical=None, allowed=True, 
     def listing(hosts):
         return "; ".join("%s (%s)" % (h, why(h)) for h in hosts)
 
-    count, problem = unreachable_budget(budget, workers)
-    if problem:
-        return {"left_out": {}, "refused": problem}
     vital = [h for h in names if h in critical or h not in workers]
     if vital:
         roles = ", ".join("%s is %s" % (h, critical.get(h, "not a worker")) for h in vital)
@@ -113,6 +120,7 @@ class FilterModule:
     def filters(self):
         return {
             "unreachable_plan": unreachable_plan,
+            "unreachable_budget_problem": unreachable_budget_problem,
             "exclude_pattern": exclude_pattern,
             "cluster_members": cluster_members,
         }
