@@ -97,6 +97,40 @@ def unreachable_plan(unreachable, workers, budget, critical=None, allowed=True, 
     return {"left_out": {h: "unreachable (%s)" % why(h) for h in names}, "refused": ""}
 
 
+def fast_path_plan(hosts, hostvars, head, stale, recorded):
+    """Which of this deploy's hosts take the full path (the fast path per host).
+
+    ``hosts``: the hosts the deploy converges (every cluster host but the unreachable workers left out);
+    ``stale``: those whose record differs (playbooks/fast_path.yml); ``recorded``: {host: the fabric address its
+    record holds}. The head and the hosts that differ take the full path; every other host keeps what the last
+    deploy applied. Every host takes it when the head differs, or when a host's fabric address is not the one
+    recorded (or it has no record: a new node), since every firewall then has to learn the address.
+    Returns {"converge": [...], "unchanged": [...], "everywhere": the reason, or '' when none is needed}.
+    """
+    hosts = list(hosts or [])
+    stale = set(stale or [])
+    recorded = recorded or {}
+
+    def everywhere(why):
+        return {"converge": hosts, "unchanged": [], "everywhere": why}
+
+    unchanged = [h for h in hosts if h not in stale and h != head]
+    if not unchanged:
+        return everywhere("")
+    if head in stale:
+        return everywhere("the head differs from what the last deploy applied")
+    for host in hosts:
+        hvars = hostvars[host] if host in hostvars else {}
+        address = str(hvars.get("ray_node_ip") or "").split("/", 1)[0]
+        before = str(recorded.get(host) or "")
+        if not before:
+            return everywhere("%s has no record of an earlier deploy (a new node): every firewall must admit it" % host)
+        if address != before:
+            return everywhere("%s's fabric address is %s, recorded %s: every firewall must learn it"
+                              % (host, address or "unknown", before))
+    return {"converge": [h for h in hosts if h not in unchanged], "unchanged": unchanged, "everywhere": ""}
+
+
 def exclude_pattern(pattern, hosts):
     """A host pattern that is ``pattern`` without ``hosts`` (``ray_cluster:!w3:!w7``)."""
     return ":".join([pattern] + ["!" + h for h in sorted(hosts or [])])
@@ -122,5 +156,6 @@ class FilterModule:
             "unreachable_plan": unreachable_plan,
             "unreachable_budget_problem": unreachable_budget_problem,
             "exclude_pattern": exclude_pattern,
+            "fast_path_plan": fast_path_plan,
             "cluster_members": cluster_members,
         }

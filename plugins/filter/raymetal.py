@@ -78,14 +78,19 @@ def interface_of_ipv4(facts, address):
     return ""
 
 
-def node_software_lines(hosts, hostvars):
+def node_software_lines(hosts, hostvars, unchanged=None):
     """One line per host: NCCL version, GPU count and driver version.
 
     Reads what the nccl and nvidia_driver roles left in hostvars; says
-    'not verified' / 'none' where they found nothing.
+    'not verified' / 'none' where they found nothing. The hosts in
+    ``unchanged`` took the fast path (the roles did not run there): their line says so.
     """
     lines = []
+    unchanged = set(unchanged or [])
     for host in hosts or []:
+        if host in unchanged:
+            lines.append("%s: unchanged since the last deploy (fast path)" % host)
+            continue
         hvars = hostvars[host] if host in hostvars else {}
         facts = hvars.get("ansible_facts") or {}
         gpus = (facts.get("nvidia_gpu") or {}).get("count", 0)

@@ -194,22 +194,44 @@ def test_rerun_changes_nothing_and_keeps_nodes_and_jobs(cluster, lab):
 
 
 def test_the_fast_path_sees_drift_and_the_full_deploy_repairs_it(cluster, lab):
-    """A file edited by hand and a unit stopped send the deploy the full way, which puts both back."""
+    """A file edited by hand and a unit stopped on one worker send that worker (and the head) the full way, which
+    puts both back; the other worker keeps the fast path (its probe and the read-only checks, no role's change)."""
     counting_deploy(labkit.LAB_INVENTORY)  # records, or finds the record fresh
     before = labkit.invocation_ids(lab)
-    labkit.sh(labkit.WORKER1, "echo '# edited by hand' >> /etc/ray/ray.env")
-    labkit.sh(labkit.WORKER2, "systemctl stop ray-prune-sessions.timer")
-    rc, out, stats = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    labkit.sh(labkit.WORKER1, "echo '# edited by hand' >> /etc/ray/ray.env; systemctl stop ray-prune-sessions.timer")
+    ran, changed = [], []
+
+    def on_event(event):
+        data = event.get("event_data") or {}
+        if event.get("event") in ("runner_on_ok", "runner_on_failed") and data.get("host"):
+            ran.append(f"{data['host']}: {data.get('task')}")
+            if (data.get("res") or {}).get("changed"):
+                changed.append(f"{data['host']}: {data.get('task')}")
+
+    rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, on_event=on_event)
     assert rc == 0, out[-3000:]
-    assert "2 of 3 host(s) differ from what the last deploy applied" in out, out[-3000:]
-    assert f"  {labkit.WORKER1}: /etc/ray/ray.env: content\n" in out, out[-3000:]
-    assert f"  {labkit.WORKER2}: unit ray-prune-sessions.timer: inactive/enabled, recorded active/enabled" in out
+    assert "1 of 3 host(s) differ from what the last deploy applied" in out, out[-3000:]
+    # The fast path's line for worker1: its differences, in the module's order.
+    line = next((x.strip() for x in out.splitlines() if "/etc/ray/ray.env: content" in x), "")
+    assert line.startswith(f"{labkit.WORKER1}: "), out[:6000]
+    assert "unit ray-prune-sessions.timer: inactive/enabled, recorded active/enabled" in line, out[-3000:]
+    assert f"The full path runs on 2 host(s), the head and those that differ: {HEAD}, {labkit.WORKER1}. The other 1 " \
+           f"keep what the last deploy applied (the fast path): {labkit.WORKER2}." in " ".join(out.split()), out[-3000:]
+    assert f"{labkit.WORKER2}: unchanged since the last deploy (fast path)" in out, out[-3000:]
     assert "edited by hand" not in labkit.sh(labkit.WORKER1, "cat /etc/ray/ray.env").stdout
-    assert labkit.sh(labkit.WORKER2, "systemctl is-active ray-prune-sessions.timer", check=False).stdout.strip() == "active"
-    assert stats[labkit.WORKER1]["changed"] > 0, stats
+    assert labkit.sh(labkit.WORKER1, "systemctl is-active ray-prune-sessions.timer", check=False).stdout.strip() == "active"
+    assert changed and all(c.startswith(labkit.WORKER1 + ":") for c in changed), changed
+    # The full path ran on worker1 and the head, not on worker2 (which ran only the checks that read).
+    assert f"{labkit.WORKER1}: Write Ray's directories, environment, unit, labels, cluster description, helpers " \
+           "and session pruner" in ran, ran
+    assert f"{HEAD}: Write Ray's directories, environment, unit, labels, cluster description, helpers " \
+           "and session pruner" in ran, ran
+    assert not any(t.startswith(labkit.WORKER2 + ":") and "Write Ray's directories" in t for t in ran), ran
+    assert f"{labkit.WORKER2}: Compare the node with the last deploy's record" in ran
     after = labkit.invocation_ids(lab)
     assert after[HEAD] == before[HEAD] and after[labkit.WORKER2] == before[labkit.WORKER2], (before, after)
     assert after[labkit.WORKER1] != before[labkit.WORKER1]
+    assert len(labkit.alive_nodes(lab)) == 3
     # Repaired and recorded: the next deploy is the fast path again.
     ran = []
     facts, changed = counting_deploy(labkit.LAB_INVENTORY, None, ran)

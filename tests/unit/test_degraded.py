@@ -196,3 +196,49 @@ def test_validation_passes_a_good_budget(tmp_path):
     rc, out = validate(tmp_path, "-e", "raymetal_max_unreachable=10%")
     assert rc == 0, out
     assert BUDGET_TASK in out and "Gather the facts" in out, out
+
+
+# The fast path per host (raymetal.cluster.fast_path_plan): which hosts the changing plays run on.
+HOSTS = ["head", "w1", "w2", "w3"]
+ADDRESSES = {"head": "10.0.0.1", "w1": "10.0.0.11", "w2": "10.0.0.12", "w3": "10.0.0.13"}
+HOSTVARS = {h: {"ray_node_ip": a} for h, a in ADDRESSES.items()}
+
+
+def test_only_the_workers_that_differ_and_the_head_take_the_full_path():
+    plan = d.fast_path_plan(HOSTS, HOSTVARS, "head", ["w2"], ADDRESSES)
+    assert plan == {"converge": ["head", "w2"], "unchanged": ["w1", "w3"], "everywhere": ""}
+
+
+def test_a_head_that_differs_sends_every_host_the_full_path():
+    plan = d.fast_path_plan(HOSTS, HOSTVARS, "head", ["head"], ADDRESSES)
+    assert plan["converge"] == HOSTS and plan["unchanged"] == []
+    assert plan["everywhere"] == "the head differs from what the last deploy applied"
+
+
+def test_every_worker_differing_needs_no_reason():
+    plan = d.fast_path_plan(HOSTS, HOSTVARS, "head", ["w1", "w2", "w3"], ADDRESSES)
+    assert plan == {"converge": HOSTS, "unchanged": [], "everywhere": ""}
+
+
+def test_an_address_that_moved_or_a_new_node_sends_every_host_the_full_path():
+    # w2's fabric address is no longer the recorded one: every firewall must learn the new one.
+    moved = dict(HOSTVARS, w2={"ray_node_ip": "10.0.0.99/24"})
+    plan = d.fast_path_plan(HOSTS, moved, "head", ["w2"], ADDRESSES)
+    assert plan["unchanged"] == [] and plan["converge"] == HOSTS
+    assert plan["everywhere"] == "w2's fabric address is 10.0.0.99, recorded 10.0.0.12: every firewall must learn it"
+    # w3 has no record (joined the inventory since): every firewall must admit it.
+    recorded = {h: a for h, a in ADDRESSES.items() if h != "w3"}
+    plan = d.fast_path_plan(HOSTS, HOSTVARS, "head", ["w3"], recorded)
+    assert plan["unchanged"] == [] and "w3 has no record of an earlier deploy" in plan["everywhere"]
+
+
+def test_the_hosts_left_out_are_not_planned():
+    # The unreachable workers validation leaves out are not among the hosts the deploy converges.
+    plan = d.fast_path_plan(["head", "w1", "w3"], HOSTVARS, "head", ["w1", "w2"], ADDRESSES)
+    assert plan == {"converge": ["head", "w1"], "unchanged": ["w3"], "everywhere": ""}
+
+
+def test_a_first_deploy_needs_no_reason():
+    # No record anywhere: every host differs, and the run says nothing beyond the fast path's own message.
+    plan = d.fast_path_plan(HOSTS, HOSTVARS, "head", HOSTS, {})
+    assert plan == {"converge": HOSTS, "unchanged": [], "everywhere": ""}

@@ -67,6 +67,11 @@ def test_node_software_lines():
         "gpu1: NCCL 2.32.3, 8 GPU(s), driver 570.133.20",
         "cpu1: NCCL not verified, 0 GPU(s), driver none",
     ]
+    # A host that took the fast path per host: the roles did not run there, and its line says so.
+    assert f.node_software_lines(["gpu1", "cpu1"], hostvars, ["cpu1"]) == [
+        "gpu1: NCCL 2.32.3, 8 GPU(s), driver 570.133.20",
+        "cpu1: unchanged since the last deploy (fast path)",
+    ]
 
 
 def test_interface_of_ipv4_finds_primary_and_secondary_addresses():
