@@ -210,7 +210,9 @@ def deploy(inventory: str, extravars: Optional[Dict[str, Any]] = None, limit: Op
     """Run site.yml against ``inventory`` and return the ray_cluster fact of the deployed cluster.
 
     A deploy that went on without unreachable workers (``raymetal_max_unreachable``; ansible-playbook's exit
-    status 4) returns the cluster too: its ``left_out`` maps each of those workers to the reason. Any other
+    status 4) returns the cluster too: its ``left_out`` maps each of those workers to the reason. Its
+    ``unchanged`` lists the hosts that kept what the last deploy applied (the fast path: every host when nothing
+    differed, else those the run left alone while the head and the hosts that differ converged). Any other
     failure raises :class:`RaymetalError`.
     """
     try:

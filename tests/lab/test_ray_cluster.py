@@ -239,6 +239,7 @@ def test_the_fast_path_sees_drift_and_the_full_deploy_repairs_it(cluster, lab):
     assert f"{labkit.WORKER1}: Compare the node with the last deploy's record" in ran
     assert not any("Write Ray's directories" in t for t in ran), ran
     assert facts["nodes_alive"] == 3
+    assert sorted(facts["unchanged"]) == sorted(lab), facts["unchanged"]
 
 
 def job_status(lab, job_id):
