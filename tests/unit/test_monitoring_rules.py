@@ -60,7 +60,7 @@ def run(*args, cwd=None):
 def test_the_rules_pass_promtool_check_rules(rendered):
     rc, out = run("check", "rules", str(rendered / "raymetal-alerts.yml"))
     assert rc == 0, out
-    assert "SUCCESS: 10 rules found" in out, out
+    assert "SUCCESS: 11 rules found" in out, out
 
 
 def test_the_alerts_fire_as_the_rule_tests_say(rendered):
@@ -290,3 +290,22 @@ def test_grafana_has_no_default_admin_password_and_no_anonymous_viewer(rendered)
     assert kept["no_log"] is True and kept["diff"] is False
     reset = next(t for t in block if "grafana-cli" in str(t.get("ansible.builtin.command", "")))
     assert reset["no_log"] is True and "__monitoring_grafana_password_file is changed" in reset["when"]
+
+
+def test_the_xid_alerts_split_the_xids_as_the_health_checks_do():
+    """The role's XID lists (vars/main.yml) are raymetal_health's tables: one source of truth for both."""
+    from ansible_collections.raymetal.cluster.plugins.module_utils import raymetal_health as health
+
+    role_vars = yaml.safe_load((ROOT / "roles" / "monitoring" / "vars" / "main.yml").read_text())
+    assert sorted(role_vars["__monitoring_xid_hardware"]) == sorted(health.XID_HARDWARE)
+    assert sorted(role_vars["__monitoring_xid_application"]) == sorted(health.XID_APPLICATION)
+
+
+def test_the_xid_rules_name_every_hardware_xid_and_skip_a_programs_own(rendered):
+    rules = yaml.safe_load((rendered / "raymetal-alerts.yml").read_text())
+    xid = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "GpuXidError"]
+    by_severity = {r["labels"]["severity"]: r["expr"] for r in xid}
+    assert set(by_severity) == {"critical", "warning"}
+    assert sorted(int(x) for x in re.findall(r"== (\d+)", by_severity["critical"])) == [48, 62, 64, 74, 79, 92, 95, 119,
+                                                                                        120, 140]
+    assert "31" in re.findall(r"!= (\d+)", by_severity["warning"])
