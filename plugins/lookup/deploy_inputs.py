@@ -17,7 +17,7 @@ description:
     recursively, without C(acceptance) reports), the generated credentials included; and, for each host
     given, its group membership and its variables before any templating (inventory, C(host_vars),
     C(group_vars), extra variables, a dynamic inventory's too), without Ansible's own run-specific
-    variables and without C(raymetal_fast_path)."
+    variables and without C(raymetal_fast_path) or C(raymetal_max_unreachable), which change nothing on a node."
   - Any change to any of those makes the digest differ, and the fast path then runs the full deploy.
 options:
   _terms:
@@ -80,8 +80,10 @@ RUN_VARS = {
     "ansible_verbosity", "ansible_inventory_sources", "ansible_limit", "ansible_version", "ansible_facts",
     "ansible_search_path", "ansible_collection_name", "ansible_role_names", "ansible_play_role_names",
     "role_names", "groups", "vars", "environment", "ansible_local", "module_setup",
-    # The fast path's own switch changes nothing on a node.
-    "raymetal_fast_path",
+    # The fast path's own switch changes nothing on a node, nor does the budget of unreachable workers a deploy
+    # may leave out (it decides which hosts run, not what they get): a degraded deploy keeps the fast path per
+    # host on the nodes that did not change.
+    "raymetal_fast_path", "raymetal_max_unreachable",
 }
 
 

@@ -151,3 +151,28 @@ def test_the_watch_list_covers_every_configuration_file_the_roles_write():
                 if not any(value == root or value.startswith(root.rstrip("/") + "/") for root in roots):
                     unwatched.append(f"{vars_file.parent.parent.name}: {key}={value}")
     assert unwatched == [], unwatched
+
+
+class _HostVars(dict):
+    def raw_get(self, host):
+        return self[host]
+
+
+def test_the_inputs_leave_out_the_variables_that_change_nothing_on_a_node():
+    """A deploy run with -e raymetal_max_unreachable=1 or raymetal_fast_path=false has the same inputs as one
+    without: which hosts run, not what they get (so a degraded deploy keeps the fast path per host)."""
+    from ansible_collections.raymetal.cluster.plugins.lookup.deploy_inputs import LookupModule
+
+    def digest(extra):
+        hostvars = _HostVars({h: dict({"ray_version": "2.60.0", "group_names": ["ray_cluster"]}, **extra)
+                              for h in ("head", "w1")})
+        lookup = LookupModule()
+        # The options as Ansible's plugin loader would set them from the call (part=vars).
+        lookup.set_options = lambda **_: None
+        lookup.get_option = {"part": "vars", "extra_files": []}.get
+        return lookup.run([["head", "w1"]], variables={"hostvars": hostvars})[0]
+
+    plain = digest({})
+    assert digest({"raymetal_max_unreachable": 1}) == plain
+    assert digest({"raymetal_max_unreachable": "10%", "raymetal_fast_path": False}) == plain
+    assert digest({"ray_version": "2.59.0"}) != plain
