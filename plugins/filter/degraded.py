@@ -97,6 +97,12 @@ def unreachable_plan(unreachable, workers, budget, critical=None, allowed=True, 
     return {"left_out": {h: "unreachable (%s)" % why(h) for h in names}, "refused": ""}
 
 
+def _bound_address(hostvars, host):
+    """The fabric address this run bound Ray to on ``host`` (``ray_node_ip`` without a prefix length), or ''."""
+    hvars = hostvars[host] if host in hostvars else {}
+    return str(hvars.get("ray_node_ip") or "").split("/", 1)[0]
+
+
 def fast_path_plan(hosts, hostvars, head, stale, recorded):
     """Which of this deploy's hosts take the full path (the fast path per host).
 
@@ -120,8 +126,7 @@ def fast_path_plan(hosts, hostvars, head, stale, recorded):
     if head in stale:
         return everywhere("the head differs from what the last deploy applied")
     for host in hosts:
-        hvars = hostvars[host] if host in hostvars else {}
-        address = str(hvars.get("ray_node_ip") or "").split("/", 1)[0]
+        address = _bound_address(hostvars, host)
         before = str(recorded.get(host) or "")
         if not before:
             return everywhere("%s has no record of an earlier deploy (a new node): every firewall must admit it" % host)
@@ -141,10 +146,9 @@ def cluster_members(hosts, hostvars):
     head records after a deploy, so that a later run that leaves a worker out keeps its address and ports."""
     members = {}
     for host in hosts or []:
-        hvars = hostvars[host] if host in hostvars else {}
-        address = str(hvars.get("ray_node_ip") or "").split("/", 1)[0]
+        address = _bound_address(hostvars, host)
         if address:
-            members[host] = {"address": address, "ray_ports": list(hvars.get("ray_ports") or [])}
+            members[host] = {"address": address, "ray_ports": list(hostvars[host].get("ray_ports") or [])}
     return members
 
 
