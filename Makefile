@@ -93,8 +93,12 @@ E2E_LABS ?= 2
 e2e: deps venv lab-prep ## End-to-end tests against the lab (E2E_LABS labs side by side, default 2)
 	@E2E_LABS=$(E2E_LABS) bash tools/e2e.sh
 
+# The whole machine's busy CPU (jiffies: user, nice, system, irq, softirq, steal) and the time, for the
+# report's "cores on average": the suite is CPU-bound when that is near the number of cores.
+MACHINE_CPU = echo "$$(awk '/^cpu /{ print $$2 + $$3 + $$4 + $$7 + $$8 + $$9 }' /proc/stat) $$(date +%s)"
+
 test: ## Everything CI runs: lab prep, then molecule beside the lab end-to-end tests, with lint and unit beside them; a table of phases and the slowest tests at the end
-	@rm -rf artifacts; mkdir -p artifacts; rc=0; \
+	@rm -rf artifacts; mkdir -p artifacts; rc=0; $(MACHINE_CPU) > artifacts/cpu.start; \
 	tools/timed.sh "setup: OS packages, venv" $(MAKE) --no-print-directory deps venv || rc=$$?; \
 	if [ $$rc -eq 0 ]; then \
 	  echo "=== lint and unit run beside the lab's preparation and the lab tests (artifacts/lint.log, artifacts/unit.log)"; \
@@ -109,6 +113,7 @@ test: ## Everything CI runs: lab prep, then molecule beside the lab end-to-end t
 	    [ "$$(cat artifacts/$$step.rc 2>/dev/null)" = 0 ] || { echo "=== $$step FAILED"; rc=1; }; done; \
 	fi; \
 	$(MAKE) --no-print-directory lab-down || true; \
+	$(MACHINE_CPU) > artifacts/cpu.end; \
 	$(BIN)/python tools/suite_report.py artifacts 2>/dev/null || python3 tools/suite_report.py artifacts || true; \
 	exit $$rc
 

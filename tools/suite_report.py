@@ -4,7 +4,8 @@
     tools/suite_report.py [ARTIFACTS_DIR]   (default: artifacts)
 
 Reads ARTIFACTS_DIR/phases.tsv (one line per phase, written by tools/timed.sh:
-name, start and end in epoch seconds, exit status) and every pytest JUnit XML
+name, start and end in epoch seconds, exit status, and the CPU-seconds of the
+phase's own processes, containers not included) and every pytest JUnit XML
 report there (junit-*.xml: the unit tests and each lab's end-to-end tests), and
 prints the phases in the order they started, with their minutes and the
 minutes since the first phase began, then the ten slowest tests. Phases run
@@ -23,20 +24,34 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
-def phases(path: Path) -> list[tuple[str, float, float, str]]:
+def phases(path: Path) -> list[tuple[str, float, float, str, str]]:
+    """(name, start, end, exit status, CPU-seconds or '') per phase; an older 4-field line has no CPU."""
     rows = []
     if not path.exists():
         return rows
     for line in path.read_text().splitlines():
         parts = line.split("\t")
-        if len(parts) != 4:
+        if len(parts) not in (4, 5):
             continue
-        name, start, end, rc = parts
+        name, start, end, rc = parts[:4]
+        cpu = parts[4] if len(parts) == 5 else ""
         try:
-            rows.append((name, float(start), float(end), rc))
+            rows.append((name, float(start), float(end), rc, "%.0f" % float(cpu) if cpu else ""))
         except ValueError:
             continue
     return sorted(rows, key=lambda row: row[1])
+
+
+def machine_busy(directory: Path) -> tuple[float, float] | None:
+    """(busy CPU-seconds of the whole machine, seconds) between cpu.start and cpu.end (jiffies from /proc/stat,
+    written by `make test`), or None."""
+    try:
+        first, second = ((directory / name).read_text().split() for name in ("cpu.start", "cpu.end"))
+        busy = (float(second[0]) - float(first[0])) / 100
+        seconds = float(second[1]) - float(first[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (busy, seconds) if seconds > 0 else None
 
 
 def slowest(directory: Path, count: int = 10) -> list[tuple[float, str, str]]:
@@ -79,10 +94,17 @@ def main(argv: list[str]) -> int:
         first = rows[0][1]
         last = max(row[2] for row in rows)
         print("=== make test: phases (side by side where they overlap)")
-        print(f"  {'phase':<34} {'minutes':>8} {'from':>7} {'to':>7}  exit")
-        for name, start, end, rc in rows:
-            print(f"  {name:<34} {(end - start) / 60:8.1f} {(start - first) / 60:7.1f} {(end - first) / 60:7.1f}  {rc}")
+        print(f"  {'phase':<34} {'minutes':>8} {'from':>7} {'to':>7} {'CPU-s':>7}  exit")
+        for name, start, end, rc, cpu in rows:
+            print(f"  {name:<34} {(end - start) / 60:8.1f} {(start - first) / 60:7.1f} {(end - first) / 60:7.1f}"
+                  f" {cpu:>7}  {rc}")
         print(f"  {'wall, first phase to last':<34} {(last - first) / 60:8.1f}")
+        print("  (CPU-s: the phase's own processes, ansible and molecule included; the containers' CPU is not in it)")
+    machine = machine_busy(directory)
+    if machine:
+        busy, seconds = machine
+        print(f"=== the whole machine: {busy:.0f} CPU-seconds busy in {seconds / 60:.1f} minutes, "
+              f"{busy / seconds:.2f} cores on average")
     tests = slowest(directory)
     if tests:
         print("=== the ten slowest tests")

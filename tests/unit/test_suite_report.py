@@ -1,0 +1,38 @@
+"""tools/suite_report.py: the table `make test` prints at its end (phases with their CPU, the whole machine)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORT = ROOT / "tools" / "suite_report.py"
+
+
+def report(directory: Path) -> str:
+    return subprocess.run([sys.executable, str(REPORT), str(directory)], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def test_phases_print_minutes_and_cpu_and_the_machine_its_cores(tmp_path):
+    (tmp_path / "phases.tsv").write_text(
+        "unit\t1000\t1300\t0\t240.4\n"
+        "lab 1: end-to-end tests\t1060\t3760\t1\t1250.0\n"
+        "an older line without CPU\t1000\t1060\t0\n"
+        "not a phase\n")
+    (tmp_path / "cpu.start").write_text("100000 1000\n")
+    (tmp_path / "cpu.end").write_text("640000 3760\n")
+    out = report(tmp_path)
+    lines = {line.split("  ")[1].strip(): line for line in out.splitlines() if line.startswith("  ") and "  " in line[2:]}
+    assert "5.0" in lines["unit"] and "240" in lines["unit"] and lines["unit"].rstrip().endswith("0")
+    assert "45.0" in lines["lab 1: end-to-end tests"] and "1250" in lines["lab 1: end-to-end tests"]
+    assert "an older line without CPU" in out and "not a phase" not in out
+    assert "wall, first phase to last" in out and "46.0" in out
+    # (640000 - 100000) jiffies = 5400 CPU-s in 2760 s: 1.96 cores.
+    assert "the whole machine: 5400 CPU-seconds busy in 46.0 minutes, 1.96 cores on average" in out
+
+
+def test_nothing_to_report_prints_nothing_and_never_fails(tmp_path):
+    (tmp_path / "cpu.start").write_text("garbage\n")
+    assert report(tmp_path) == ""
