@@ -315,16 +315,8 @@ def floor(lab, label):
 
 
 def strategy_in_use(chosen=None):
-    """What ansible.cfg's strategy runs on: Mitogen (and its version) or plain linear."""
-    strategy = chosen or os.environ.get("ANSIBLE_STRATEGY", "each tree's ansible.cfg")
-    if "raymetal_linear" not in strategy:
-        return strategy
-    try:
-        import ansible_mitogen  # noqa: F401  (only probing whether it is installed)
-        import mitogen
-        return "%s through Mitogen %s" % (strategy, ".".join(str(v) for v in mitogen.__version__))
-    except ImportError:
-        return "%s without Mitogen (not installed): plain linear" % strategy
+    """The strategy the runs use: the one chosen for the bench, else ANSIBLE_STRATEGY, else ansible.cfg's."""
+    return chosen or os.environ.get("ANSIBLE_STRATEGY", "each tree's ansible.cfg")
 
 
 def ansible_env(work, root=REPO, strategy=None):

@@ -87,10 +87,6 @@ def playbook(lab, label, extra_vars, strategy):
         # profile_tasks (the slowest tasks of the fresh deploy, printed at the end) only where a few tenths of a
         # second of its own work are lost in the deploy's noise; the reruns run without it.
         env.pop("ANSIBLE_CALLBACKS_ENABLED", None)
-    if strategy and strategy != "linear":
-        # Mitogen's connection checks host keys itself: the lab's throw-away containers are trusted through
-        # their inventory's ssh options, which Mitogen does not read for that.
-        env["ANSIBLE_HOST_KEY_CHECKING"] = "False"
     cmd = [os.path.join(BIN, "ansible-playbook"), "site.yml", "-i", lab.inventory_dir]
     for extra in extra_vars:
         cmd += ["-e", extra]
@@ -297,7 +293,7 @@ def main():
     parser.add_argument("--fabric-subnet", default="10.231.210.0/24")
     parser.add_argument("--strategy", help="ANSIBLE_STRATEGY for every run (default: ansible.cfg's)")
     parser.add_argument("--compare-strategy", metavar="S",
-                        help="one more no-op rerun per size with ANSIBLE_STRATEGY=S (e.g. raymetal_linear, Mitogen), "
+                        help="one more no-op rerun per size with ANSIBLE_STRATEGY=S (e.g. free), "
                              "printed beside the others")
     parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS")
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir (logs) after a successful run")
