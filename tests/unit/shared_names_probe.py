@@ -1,11 +1,11 @@
-"""What each play of raymetal's playbooks hands the nccl and acceptance roles, and the applied-state watch list,
+"""What each play of raymetal's playbooks hands the nccl, acceptance and gcs_redis roles, and the applied-state watch list,
 from Ray's names (tests/unit/test_shared_names.py runs this in a subprocess, with the project's ansible.cfg).
 
     shared_names_probe.py INVENTORY_DIR  ->  JSON on stdout: [{playbook, play, role, var, value}, ...]
 
 Loads every playbook the way ansible-playbook does (imports expanded, roles imported), resolves each play's
 variables for the head with Ansible's own VariableManager (inventory, role defaults, vars_files, task vars: the
-real precedence) and templates the variables below for every task of the nccl and acceptance roles, and for
+real precedence) and templates the variables below for every task of those roles that reads them, and for
 every play that loads playbooks/vars/applied_state.yml. Runs nothing on any host.
 """
 
@@ -25,6 +25,7 @@ from ansible.playbook import Playbook
 from ansible.playbook.block import Block
 from ansible.inventory.manager import InventoryManager
 from ansible.template import Templar, trust_as_template
+from ansible.vars.hostvars import HostVars
 from ansible.vars.manager import VariableManager
 import yaml
 
@@ -32,6 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 WATCHED = {
     "nccl": ["nccl_venv_path"],
     "acceptance": ["acceptance_ray_python", "acceptance_ray_user", "acceptance_ray_token_path", "acceptance_ray_config"],
+    # The node's fabric address, as the ray role chooses it (ray_node_ip_address, else the fabric role's).
+    "gcs_redis": ["gcs_redis_bind_address", "gcs_redis_clients"],
 }
 APPLIED = ["raymetal_applied_watch.venvs", "raymetal_applied_watch.units[:2]", "raymetal_applied_watch.paths[0]",
            "raymetal_applied_secret_files[0]"]
@@ -73,7 +76,11 @@ def main(inventory_dir):
     loader = DataLoader()
     inventory = InventoryManager(loader=loader, sources=[inventory_dir])
     manager = VariableManager(loader=loader, inventory=inventory)
+    HostVars(inventory=inventory, variable_manager=manager, loader=loader)  # hostvars, as a run has them
     head = inventory.get_host("head1")
+    # What the fabric role finds on each node (the probe gathers nothing): a fabric address per host.
+    for index, name in enumerate(("head1", "worker1"), 1):
+        manager.set_host_facts(name, {"fabric": {"address": "10.1.1.%d" % index, "interface": "ib0"}})
     found = []
     reading = {role: uses(role) for role in WATCHED}
     for path in sorted((REPO / "playbooks").glob("*.yml")):

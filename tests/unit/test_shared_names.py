@@ -2,7 +2,8 @@
 ray_user (its defaults) and the unit names ray_head_unit/ray_worker_unit (its public vars).
 
 - Every play of raymetal's playbooks that runs the nccl or acceptance role (the tasks that read Ray's venv, user,
-  token or cluster settings) hands them the ray role's values, resolved by Ansible itself
+  token or cluster settings), or gcs_redis (Redis binds to and admits Ray's addresses), hands them the ray role's
+  values, resolved by Ansible itself
   (shared_names_probe.py): a site that sets ray_venv_path gets NCCL verified in, and the checks run from, that
   venv. This is the test that the deploy's acceptance gate reading /opt/ray/venv/bin/python missed.
 - The applied-state watch list follows them too.
@@ -49,6 +50,10 @@ def probe(tmp_path, group_vars):
     # playbooks/upgrade.yml verifies NCCL in the venv that stage installs beside ray_venv_path (ray_version_venv).
     venv = group_vars.get("ray_venv_path", RAY_DEFAULTS["ray_venv_path"])
     (site / "group_vars" / "all.yml").write_text(yaml.safe_dump(dict(group_vars, ray_version_venv=venv + "-2.60.0")))
+    # The head's Ray address where the site sets it (the probe's fabric facts say 10.1.1.1 for the head).
+    if group_vars:
+        (site / "host_vars").mkdir()
+        (site / "host_vars" / "head1.yml").write_text("ray_node_ip_address: 10.0.0.5\n")
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("shared_names_probe.py")), str(site)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -57,7 +62,7 @@ def probe(tmp_path, group_vars):
 
 
 @pytest.mark.parametrize("group_vars", [{}, SITE], ids=["site-sets-nothing", "site-sets-ray-names"])
-def test_every_play_hands_rays_names_to_nccl_and_acceptance(tmp_path, group_vars):
+def test_every_play_hands_rays_names_to_the_roles_that_read_them(tmp_path, group_vars):
     rows, site = probe(tmp_path, group_vars)
     ray = {name: group_vars.get(name, ray_default(name)) for name in SITE}
     expected = {
@@ -70,6 +75,10 @@ def test_every_play_hands_rays_names_to_nccl_and_acceptance(tmp_path, group_vars
         "raymetal_applied_watch.units[:2]": ["ray-head.service", "ray-worker.service"],
         "raymetal_applied_watch.paths[0]": ray["ray_config_dir"],
         "raymetal_applied_secret_files[0]": str(site / "credentials" / "ray_auth_token"),
+        # Redis for the GCS listens on its host's Ray address and admits the head's (not the fabric role's
+        # address when ray_node_ip_address says otherwise); the probe resolves them for the head.
+        "gcs_redis_bind_address": "10.0.0.5" if group_vars else "10.1.1.1",
+        "gcs_redis_clients": ["10.0.0.5" if group_vars else "10.1.1.1"],
     }
     wrong = []
     for row in rows:
@@ -84,7 +93,8 @@ def test_every_play_hands_rays_names_to_nccl_and_acceptance(tmp_path, group_vars
     for needed in [("check.yml", "nccl_venv_path"), ("apply.yml", "nccl_venv_path"), ("apply.yml", "acceptance_ray_python"),
                    ("acceptance.yml", "acceptance_ray_python"), ("acceptance.yml", "acceptance_ray_token_path"),
                    ("upgrade.yml", "nccl_venv_path"), ("fast_path.yml", "raymetal_applied_watch.venvs"),
-                   ("deploy.yml", "raymetal_applied_watch.venvs")]:
+                   ("deploy.yml", "raymetal_applied_watch.venvs"), ("check.yml", "gcs_redis_clients"),
+                   ("apply.yml", "gcs_redis_bind_address")]:
         assert needed in covered, needed
 
 
