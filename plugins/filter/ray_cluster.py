@@ -166,7 +166,7 @@ def ray_access_lines(facts, ssh=None):
         % (token_file or "<controller copy of the token>", port),
         "  on a node: set -a; . /etc/ray/ray.env; set +a; ray job submit --address %s -- python job.py" % address,
         "Auth token: %s on every node (mode 0600, user ray); controller copy: %s" % (
-            ssh.get("token_path") or "/etc/ray/auth_token", token_file or "?"),
+            ssh.get("token_path") or "?", token_file or "?"),
     ]
 
 

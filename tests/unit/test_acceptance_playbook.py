@@ -34,9 +34,11 @@ def inventory(tmp_path, trees):
     (site / "group_vars").mkdir(parents=True, exist_ok=True)
     (site / "hosts.yml").write_text("\n".join(lines) + "\n")
     (site / "group_vars" / "ray_cluster.yml").write_text(
-        "acceptance_ray_python: %s\nacceptance_expected_gpus: 8\nacceptance_packages: []\n"
+        # Ray's venv is where the checks find Ray's Python (the ray role's ray_venv_path, wired to
+        # acceptance_ray_python): this interpreter's venv.
+        "ray_venv_path: %s\nacceptance_expected_gpus: 8\nacceptance_packages: []\n"
         # No traffic between local "hosts" that share one network stack; the lab tests the rings.
-        "acceptance_traffic: false\nacceptance_ray_object: false\nacceptance_nccl_allreduce: false\n" % sys.executable)
+        "acceptance_traffic: false\nacceptance_ray_object: false\nacceptance_nccl_allreduce: false\n" % Path(sys.executable).parent.parent)
     return site
 
 

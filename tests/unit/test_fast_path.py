@@ -109,25 +109,57 @@ def test_check_mode_writes_no_record(tmp_path):
     assert not stamp.exists()
 
 
+def _ray_name(text):
+    """A watch-list entry with the ray role's names filled in as the role defines them (defaults, then its public
+    vars): the plays that load the watch list import the ray role, so these are the values a site that sets nothing
+    gets."""
+    ray = yaml.safe_load((REPO / "roles" / "ray" / "defaults" / "main.yml").read_text())
+    ray.update(yaml.safe_load((REPO / "roles" / "ray" / "vars" / "main.yml").read_text()))
+    ray["inventory_dir"] = "INVENTORY"
+    for _ in range(3):
+        text = re.sub(r"\{\{ (\w+) \}\}", lambda m: str(ray[m.group(1)]) if m.group(1) in ray else m.group(0), text)
+    return text
+
+
 def test_the_watch_list_falls_back_to_the_roles_own_defaults():
-    """playbooks/vars/applied_state.yml loads no role: its fallbacks must be the roles' defaults."""
+    """playbooks/vars/applied_state.yml: Ray's names come from the ray role (each play that loads the file imports
+    it), never restated; the other roles' fallbacks must be their defaults."""
     text = (REPO / "playbooks" / "vars" / "applied_state.yml").read_text()
     defaults = {}
-    for role in ("ray", "nccl", "gcs_redis"):
+    for role in ("nccl", "gcs_redis"):
         defaults.update(yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()))
     fallbacks = re.findall(r"(\w+) \| default\('([^']*)'\)", text)
-    assert len(fallbacks) >= 3, fallbacks
+    assert len(fallbacks) >= 1, fallbacks
+    assert re.findall(r"ray_\w+ \| default", text) == [], "restates a default of the ray role"
     for name, value in fallbacks:
         if value.startswith("/"):
             assert defaults[name] == value, (name, value, defaults[name])
         else:  # inventory_dir ~ '/credentials/...'
             assert defaults[name].endswith(value), (name, value, defaults[name])
+    watched = yaml.safe_load(text)
+    assert _ray_name(watched["raymetal_applied_watch"]["venvs"][0]) == "/opt/ray/venv"
+    assert _ray_name(watched["raymetal_applied_secret_files"][0]) == "INVENTORY/credentials/ray_auth_token"
+
+
+def test_every_play_that_loads_the_watch_list_imports_the_ray_role():
+    """Ray's names in the watch list resolve only where the play imports the ray role (tasks_from names, or any
+    other entry point: import_role exposes the role's defaults and vars to the whole play)."""
+    plays = []
+    for path in sorted((REPO / "playbooks").glob("*.yml")):
+        for play in yaml.safe_load(path.read_text()) or []:
+            if "vars/applied_state.yml" in (play.get("vars_files") or []):
+                imports = [task.get("ansible.builtin.import_role", {}).get("name") for task in play.get("tasks", [])]
+                plays.append((path.name, play["name"], "ray" in imports))
+    assert len(plays) >= 3, plays
+    assert [p for p in plays if not p[2]] == []
 
 
 def test_the_watch_list_names_every_unit_the_roles_run():
-    """Every unit name in a role's vars (a __*_service/_unit constant) is watched."""
+    """Every unit name in a role's vars (a __*_service/_unit constant, or the ray role's public unit names) is
+    watched."""
     watched = yaml.safe_load((REPO / "playbooks" / "vars" / "applied_state.yml").read_text())["raymetal_applied_watch"]
-    units = set(watched["units"])
+    units = {_ray_name(unit) for unit in watched["units"]}
+    assert {"ray-head.service", "ray-worker.service"} <= units
     missing = []
     for vars_file in sorted(Path(REPO / "roles").glob("*/vars/main.yml")):
         for key, value in (yaml.safe_load(vars_file.read_text()) or {}).items():
@@ -143,7 +175,8 @@ def test_the_watch_list_covers_every_configuration_file_the_roles_write():
     path: a hand edit there (Redis's requirepass dropped, the wheelhouse nginx opened up) must send the next deploy
     the full way, which puts it back."""
     watched = yaml.safe_load((REPO / "playbooks" / "vars" / "applied_state.yml").read_text())["raymetal_applied_watch"]
-    roots = [re.sub(r"\{\{.*?default\('([^']*)'\).*?\}\}", r"\1", path) for path in watched["paths"]]
+    roots = [_ray_name(re.sub(r"\{\{.*?default\('([^']*)'\).*?\}\}", r"\1", path)) for path in watched["paths"]]
+    assert "/etc/ray" in roots and "/var/cache/raymetal/wheelhouse" in roots, roots
     unwatched = []
     for vars_file in sorted(Path(REPO / "roles").glob("*/vars/main.yml")):
         for key, value in (yaml.safe_load(vars_file.read_text()) or {}).items():

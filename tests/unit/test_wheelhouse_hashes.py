@@ -302,7 +302,7 @@ def test_the_hashes_file_lies_in_the_config_directory_made_as_configure_makes_it
     assert role_vars["__ray_config_dir_entry"] in dirs
     # The fast path watches ray_config_dir, so a hand edit of the hashes file sends the next deploy the full way.
     watched = yaml.safe_load((ROOT / "playbooks" / "vars" / "applied_state.yml").read_text())["raymetal_applied_watch"]
-    assert "{{ ray_config_dir | default('/etc/ray') }}" in watched["paths"]
+    assert "{{ ray_config_dir }}" in watched["paths"]
     install = yaml.safe_load((role / "tasks" / "install-venv.yml").read_text())
     pip = next(t for t in install if "block" in t)["block"][0]["ansible.builtin.pip"]
     assert pip["requirements"] == "{{ __ray_hashes_file if __ray_hashed_run else omit }}"
