@@ -1,8 +1,8 @@
 """The health loop's agent (roles/health/files/raymetal_health_agent.py) with stand-ins for systemctl and the drain.
 
-Work in progress (issue 36): no role installs the agent yet; these tests pin what one round does with
-what the round decides: drain, then stop the Ray unit, the record and the metric; re-admission starts
-the unit; the head is only reported.
+The health role installs it (issue 36); these tests pin what one round does with what the round
+decides: drain (not for a node off the fabric), then stop the Ray unit, the record and the metric;
+re-admission starts the unit; the head is only reported.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ def calls(tmp_path):
 
 def test_a_failing_round_drains_then_stops_ray_and_keeps_the_record(tmp_path, capsys):
     agent = load_agent(tmp_path)
-    cfg = config(tmp_path)
-    state, findings, action = agent.one_round(cfg, 100, inputs(addresses=()))
+    # Ray's temp dir short of space: the node still reaches the head, so it is drained first.
+    cfg = config(tmp_path, temp_dir=str(tmp_path), min_free_bytes=2 ** 62)
+    state, findings, action = agent.one_round(cfg, 100, inputs())
     assert action == "quarantine"
     made = calls(tmp_path)
     # The drain first (this node's address, the token's path, the deadline), then the unit stopped.
@@ -73,11 +74,26 @@ def test_a_failing_round_drains_then_stops_ray_and_keeps_the_record(tmp_path, ca
     assert made[1] == "systemctl stop ray-worker.service"
     record = json.loads(Path(cfg["state_path"]).read_text())["record"]
     assert (record["class"], record["check"], record["drain"], record["stopped"]) == (
-        "transient", "fabric_address", "drained", True)
+        "transient", "temp_dir", "drained", True)
+    assert "w1 quarantined (transient, temp_dir): Ray's temp dir %s has" % tmp_path in capsys.readouterr().out
+    prom = (tmp_path / "textfile" / "raymetal_health.prom").read_text()
+    assert 'raymetal_health_quarantined{class="transient",check="temp_dir"} 1' in prom
+    assert "raymetal_health_findings 1" in prom
+
+
+def test_a_node_off_the_fabric_is_stopped_without_a_drain_it_could_not_send(tmp_path, capsys):
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path)
+    state, findings, action = agent.one_round(cfg, 100, inputs(addresses=()))
+    assert action == "quarantine"
+    # The drain would go to the head over the fabric this node lost: only the unit is stopped.
+    assert calls(tmp_path) == ["systemctl stop ray-worker.service"]
+    record = json.loads(Path(cfg["state_path"]).read_text())["record"]
+    assert (record["class"], record["check"], record["stopped"]) == ("transient", "fabric_address", True)
+    assert record["drain"].startswith("not asked: the fabric is down here")
     assert "w1 quarantined (transient, fabric_address): the fabric interface ib0 lost 10.10.0.2" in capsys.readouterr().out
     prom = (tmp_path / "textfile" / "raymetal_health.prom").read_text()
     assert 'raymetal_health_quarantined{class="transient",check="fabric_address"} 1' in prom
-    assert "raymetal_health_findings 1" in prom
 
 
 def test_passing_rounds_in_a_row_readmit_and_start_ray(tmp_path, capsys):

@@ -88,11 +88,19 @@ def run(argv, timeout):
     return proc.returncode, (proc.stdout + proc.stderr).strip()[-500:]
 
 
+# Findings that cut this node off the fabric (the head, its GCS and dashboard, are only reached through it).
+FABRIC_CHECKS = ("fabric_link", "fabric_address")
+
+
 def quarantine(config, record):
     """Drain this node through Ray, then stop its Ray unit; returns what happened, for the record."""
     drain = config.get("drain") or {}
     done = {}
-    if drain:
+    if drain and record.get("check") in FABRIC_CHECKS:
+        # The drain goes to the head over the fabric, which this node just lost: it could only wait for its
+        # timeouts. The head's GCS finds the node gone by itself.
+        done["drain"] = "not asked: the fabric is down here, the head cannot be reached through it"
+    elif drain:
         rc, out = run([drain["python"], drain["script"], drain["dashboard_url"], drain["gcs"], config["address"],
                        drain["token_path"], str(drain.get("deadline_s", 60)), drain["ray_bin"],
                        "raymetal health: %s" % record["finding"][:200]], timeout=int(drain.get("deadline_s", 60)) + 60)
