@@ -31,6 +31,8 @@ TOPICS = [
     ("firewall.yml", "Firewall", lambda role, name: role == "firewall"),
     ("acceptance.yml", "Acceptance (playbooks/acceptance.yml)", lambda role, name: role == "acceptance"),
     ("monitoring.yml", "Monitoring: Prometheus, node_exporter, alert rules", lambda role, name: role == "monitoring"),
+    ("health.yml", "The node health loop (a sick worker drained and stopped; the deploy passes the wired inputs)",
+     lambda role, name: role == "health"),
 ]
 
 

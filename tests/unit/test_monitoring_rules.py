@@ -114,6 +114,8 @@ def test_both_daemons_listen_on_the_fabric_address_only(rendered):
     node = (rendered / "prometheus-node-exporter.default").read_text()
     assert "--web.listen-address=10.0.0.10:9100 " in node
     assert "--collector.systemd.unit-include=ray-(head|worker)[.]service" in node
+    # The health loop's *.prom files (roles/health) are read from this directory.
+    assert "--collector.textfile.directory=/var/lib/prometheus/node-exporter" in node
 
 
 def test_alerts_go_from_prometheus_to_alertmanager_on_loopback_and_on_to_the_receivers(rendered):

@@ -1,0 +1,186 @@
+#!/usr/bin/python3
+"""The node's health loop (issue 36): checks every interval, drains and stops Ray on a FAIL, re-admits.
+
+    raymetal_health_agent.py --config /etc/raymetal/health.json [--once]
+
+Runs on every node without the controller and without Prometheus, as root under systemd
+(raymetal-health.service). Each round is ``node_round`` of raymetal_health.py (installed beside this
+file: the same code as the acceptance role's node checks); what the round decides is carried out here:
+
+- ``quarantine``: Ray's drain for this node (the ray role's ray_node_drain.py, run with the Ray venv's
+  Python and the node's token file: no new task lands here, running ones get the drain deadline), then
+  the Ray unit stopped; the quarantine record (kind, class, finding, time) kept in the state file.
+- ``readmit``: the Ray unit started again (a transient quarantine whose checks passed
+  ``readmit_passes`` rounds in a row). A hardware quarantine is never lifted here.
+- ``report``: the head's own faults are logged and exported, never acted on.
+
+Every round writes the state file atomically and, where ``metrics_dir`` is set, a node_exporter
+textfile (``raymetal_health_quarantined``, ``raymetal_health_findings``, ``raymetal_health_round_timestamp``).
+Prints one line per event to stdout (the journal). Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import raymetal_health as health  # noqa: E402  (installed beside this file)
+
+
+def load_json(path, default):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return default
+
+
+def write_atomic(path, text, mode=0o644):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def addresses(interface):
+    """The interface's IPv4 addresses (`ip -j address`), [] when it has none or is gone."""
+    proc = subprocess.run(["ip", "-j", "address", "show", "dev", interface], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        return []
+    found = []
+    for link in json.loads(proc.stdout or "[]"):
+        found += [a["local"] for a in link.get("addr_info", []) if a.get("local")]
+    return found
+
+
+def readers(config):
+    smi = config.get("nvidia_smi") or "nvidia-smi"
+
+    def query():
+        proc = subprocess.run(health.smi_health_command(smi), capture_output=True, text=True, check=False,
+                              env=dict(os.environ, LC_ALL="C"))
+        return health.parse_smi_health(proc.stdout) if proc.returncode == 0 else None
+
+    return {"smi": query,
+            "kmsg": lambda after: _kmsg(config.get("kernel_log", "/dev/kmsg"), after),
+            "driver_gpus": lambda: health.driver_gpus(config.get("nvidia_proc", "/proc/driver/nvidia/gpus")),
+            "addresses": addresses}
+
+
+def _kmsg(path, after):
+    try:
+        return health.read_kmsg(path, after)
+    except OSError:
+        return []
+
+
+def run(argv, timeout):
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    return proc.returncode, (proc.stdout + proc.stderr).strip()[-500:]
+
+
+# Findings that cut this node off the fabric (the head, its GCS and dashboard, are only reached through it).
+FABRIC_CHECKS = ("fabric_link", "fabric_address")
+
+
+def quarantine(config, record):
+    """Drain this node through Ray, then stop its Ray unit; returns what happened, for the record."""
+    drain = config.get("drain") or {}
+    done = {}
+    if drain and record.get("check") in FABRIC_CHECKS:
+        # The drain goes to the head over the fabric, which this node just lost: it could only wait for its
+        # timeouts. The head's GCS finds the node gone by itself.
+        done["drain"] = "not asked: the fabric is down here, the head cannot be reached through it"
+    elif drain:
+        rc, out = run([drain["python"], drain["script"], drain["dashboard_url"], drain["gcs"], config["address"],
+                       drain["token_path"], str(drain.get("deadline_s", 60)), drain["ray_bin"],
+                       "raymetal health: %s" % record["finding"][:200]], timeout=int(drain.get("deadline_s", 60)) + 60)
+        done["drain"] = "drained" if rc == 0 else "drain failed (rc %d): %s" % (rc, out)
+    systemctl = config.get("systemctl", "systemctl")
+    if record.get("check") in FABRIC_CHECKS:
+        # Ray's own stop (SIGTERM) first asks the GCS to drain this node and waits for that RPC up to
+        # RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S (30 s, seen in the lab) over the fabric it no longer has: the stop
+        # is queued, then every process of the unit gets SIGKILL, which ends the stop (no restart: a stop job runs).
+        run([systemctl, "stop", "--no-block", config["unit"]], timeout=30)
+        rc, out = run([systemctl, "kill", "--signal=SIGKILL", config["unit"]], timeout=30)
+        done["killed"] = rc == 0
+    rc, out = run([systemctl, "stop", config["unit"]], timeout=120)
+    done["stopped"] = rc == 0
+    if rc != 0:
+        done["stop_error"] = out
+    return done
+
+
+def readmit(config):
+    rc, out = run([config.get("systemctl", "systemctl"), "start", config["unit"]], timeout=120)
+    return rc == 0, out
+
+
+def metrics(state, findings, now):
+    record = state.get("record") or {}
+    lines = [
+        "# HELP raymetal_health_quarantined 1 while raymetal's health loop keeps this node out of the cluster.",
+        "# TYPE raymetal_health_quarantined gauge",
+        'raymetal_health_quarantined{class="%s",check="%s"} %d' % (
+            record.get("class", ""), record.get("check", ""), 1 if record else 0),
+        "# HELP raymetal_health_findings Failing checks in the health loop's last round.",
+        "# TYPE raymetal_health_findings gauge",
+        "raymetal_health_findings %d" % len([f for f in findings if f["severity"] == "fail"]),
+        "# HELP raymetal_health_round_timestamp_seconds When the health loop last ran a round.",
+        "# TYPE raymetal_health_round_timestamp_seconds gauge",
+        "raymetal_health_round_timestamp_seconds %d" % now,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def one_round(config, now=None, read=None):
+    """Run one round and carry out its action; returns (state, findings, action)."""
+    now = time.time() if now is None else now
+    state = load_json(config["state_path"], {"record": None, "kmsg_seq": -1})
+    state, findings, action = health.node_round(config, state, now, read or readers(config))
+    host = config.get("host") or socket.gethostname()
+    if action == "quarantine":
+        state["record"].update(quarantine(config, state["record"]))
+        print("%s quarantined (%s, %s): %s" % (host, state["record"]["class"], state["record"]["check"],
+                                               state["record"]["finding"]), flush=True)
+    elif action == "readmit":
+        ok, out = readmit(config)
+        print("%s re-admitted: its checks passed %s rounds in a row%s" % (
+            host, config.get("readmit_passes", 4), "" if ok else "; starting Ray failed: " + out), flush=True)
+    elif action in ("worse", "report"):
+        print("%s %s: %s" % (host, "is sick (the loop never stops the head)" if action == "report"
+                             else "now has a hardware fault", "; ".join(f["message"] for f in findings)), flush=True)
+    write_atomic(config["state_path"], json.dumps(state, sort_keys=True) + "\n")
+    if config.get("metrics_dir"):
+        write_atomic(os.path.join(config["metrics_dir"], "raymetal_health.prom"), metrics(state, findings, now))
+    return state, findings, action
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--once", action="store_true", help="one round, then exit")
+    args = parser.parse_args(argv)
+    config = load_json(args.config, None)
+    if config is None:
+        print("no configuration at %s" % args.config, file=sys.stderr)
+        return 2
+    while True:
+        started = time.monotonic()
+        one_round(config)
+        if args.once:
+            return 0
+        time.sleep(max(1.0, float(config.get("interval_s", 15)) - (time.monotonic() - started)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

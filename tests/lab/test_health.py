@@ -1,0 +1,114 @@
+"""The node health loop on the lab (roles/health, issue 36): a worker off the fabric is quarantined and comes back.
+
+The health loop is off by default, so this module deploys the lab with it on (a copy of the lab inventory with
+health_enabled and a short interval), takes ib0 down on a worker (the real fault: the link Ray's address is on),
+and sees that worker's own loop drain and stop Ray there, keep the record and the metric, while every other node
+keeps its raylet; then brings ib0 up and sees the worker ALIVE in the cluster again with nobody running anything.
+It ends with the deploy of the lab's own inventory (health_enabled false): the loop is stopped, disabled and
+removed everywhere, and the lab is as the other tests expect it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.lab import labkit
+
+# On the second lab of `make e2e` (tools/e2e.sh): it needs no Debian 12 of its own, and lab 1 is the busier.
+E2E_LAB = 2
+
+HEAD, WORKER1, WORKER2 = labkit.HEAD, labkit.WORKER1, labkit.WORKER2
+# A round every 5 s and 3 passing rounds to re-admit (the defaults, 15 s and 4, re-admit after a minute of
+# passing rounds: longer than this test's budget on a loaded 2-core lab machine).
+HEALTH_VARS = {"health_enabled": True, "health_interval_s": 5, "health_readmit_passes": 3}
+STATE = "/var/lib/raymetal-health/state.json"
+PROM = "/var/lib/prometheus/node-exporter/raymetal_health.prom"
+# What the role installs (its switch-off removes these and nothing else).
+INSTALLED = ["/etc/systemd/system/raymetal-health.service", "/etc/raymetal/health.json",
+             "/usr/local/libexec/raymetal-health"]
+
+
+def unit(name, unit_name):
+    out = labkit.sh(name, f"systemctl show {unit_name} -p ActiveState -p UnitFileState -p LoadState").stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def state(name):
+    out = labkit.sh(name, f"cat {STATE} 2>/dev/null", check=False).stdout
+    return json.loads(out) if out.strip() else None
+
+
+def ib0_restored(name, ip):
+    """ib0 up with its fabric address (the test's own repair: a fault test must never leave the lab broken)."""
+    labkit.sh(name, f"ip link set ib0 up; ip -4 -o address show dev ib0 | grep -qw {ip} || "
+                    f"ip address add {ip}/24 dev ib0", check=False)
+
+
+def test_a_worker_off_the_fabric_is_quarantined_and_comes_back_by_itself(cluster, lab, tmp_path):
+    w1_ip = lab[WORKER1]["lab_fabric_ip"]
+    inventory = labkit.inventory_copy(tmp_path, {name: HEALTH_VARS for name in lab})
+    try:
+        started = time.monotonic()
+        rc, out, stats = labkit.run_playbook("site.yml", inventory)
+        assert rc == 0, out[-6000:]
+        print(f"deploy with the health loop on: {time.monotonic() - started:.0f} s")
+        # Every node runs the loop; on the healthy lab (no GPU: no GPU check) nothing is quarantined.
+        for name in lab:
+            assert unit(name, "raymetal-health")["ActiveState"] == "active", name
+            labkit.wait_until(lambda name=name: state(name), 30, 1, f"{name}'s first round")
+            assert state(name)["record"] is None, (name, state(name))
+        config = json.loads(labkit.sh(WORKER1, "cat /etc/raymetal/health.json").stdout)
+        assert (config["role"], config["interface"], config["address"], config["gpus"]) == ("worker", "ib0", w1_ip, [])
+        assert config["drain"]["script"] == "/usr/local/libexec/raymetal/ray-node-drain"
+        assert json.loads(labkit.sh(HEAD, "cat /etc/raymetal/health.json").stdout)["drain"] == {}
+        assert labkit.alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
+        others = labkit.invocation_ids(lab, [HEAD, WORKER2])
+
+        # The fault: the fabric link Ray's address is on goes down.
+        labkit.sh(WORKER1, "ip link set ib0 down")
+        fault = time.monotonic()
+        labkit.wait_until(lambda: unit(WORKER1, "ray-worker")["ActiveState"] in ("inactive", "failed"), 30, 1,
+                          f"{WORKER1}'s loop to stop Ray there within 30 s of ib0 down")
+        stopped_after = time.monotonic() - fault
+        record = state(WORKER1)["record"]
+        assert (record["state"], record["class"], record["check"], record["stopped"]) == (
+            "quarantined", "transient", "fabric_link", True), record
+        assert record["drain"].startswith("not asked: the fabric is down here"), record
+        prom = labkit.sh(WORKER1, f"cat {PROM}").stdout
+        assert 'raymetal_health_quarantined{class="transient",check="fabric_link"} 1' in prom, prom
+        assert "quarantined (transient, fabric_link)" in labkit.sh(
+            WORKER1, "journalctl -u raymetal-health --no-pager -o cat").stdout
+        # The cluster sees it gone; the head and the other worker kept their raylets.
+        labkit.wait_until(lambda: w1_ip not in labkit.alive_ips(lab), 90, 2, f"the head to see {WORKER1} gone")
+        gone_after = time.monotonic() - fault
+        assert labkit.invocation_ids(lab, [HEAD, WORKER2]) == others
+        assert state(HEAD)["record"] is None and state(WORKER2)["record"] is None
+
+        # The repair: ib0 up (its address is still there: a link down keeps it). Nobody runs anything.
+        labkit.sh(WORKER1, "ip link set ib0 up")
+        repaired = time.monotonic()
+        ib0_restored(WORKER1, w1_ip)
+        labkit.wait_until(lambda: w1_ip in labkit.alive_ips(lab), 60, 2,
+                          f"{WORKER1} ALIVE again within 60 s of ib0 up, re-admitted by its own loop")
+        alive_after = time.monotonic() - repaired
+        assert state(WORKER1)["record"] is None
+        assert "re-admitted: its checks passed 3 rounds in a row" in labkit.sh(
+            WORKER1, "journalctl -u raymetal-health --no-pager -o cat").stdout
+        # node_exporter exports the loop's metric (scraped from the head, the monitoring host).
+        metrics = labkit.sh(HEAD, f"curl -s -m 10 http://{w1_ip}:9100/metrics").stdout
+        assert 'raymetal_health_quarantined{check="",class=""} 0' in metrics, [
+            line for line in metrics.splitlines() if "raymetal_health" in line]
+        assert labkit.invocation_ids(lab, [HEAD, WORKER2]) == others
+        print(f"ib0 down -> Ray stopped on {WORKER1}: {stopped_after:.1f} s; -> not ALIVE at the head: "
+              f"{gone_after:.1f} s; ib0 up -> ALIVE again: {alive_after:.1f} s")
+    finally:
+        ib0_restored(WORKER1, w1_ip)
+        # Switched off (the lab's own inventory): stopped, disabled, removed on every node; Ray everywhere.
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    assert rc == 0, out[-6000:]
+    for name in lab:
+        assert unit(name, "raymetal-health")["LoadState"] == "not-found", name
+        left = labkit.sh(name, "ls -d " + " ".join(INSTALLED) + f" {PROM} 2>/dev/null", check=False).stdout.split()
+        assert left == [], (name, left)
+    assert labkit.alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}

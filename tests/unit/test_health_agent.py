@@ -1,0 +1,130 @@
+"""The health loop's agent (roles/health/files/raymetal_health_agent.py) with stand-ins for systemctl and the drain.
+
+The health role installs it (issue 36); these tests pin what one round does with what the round
+decides: drain (not for a node off the fabric), then stop the Ray unit, the record and the metric;
+re-admission starts the unit; the head is only reported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = ROOT / "tests" / "fixtures" / "nvidia" / "recorded-h200-vm"
+HEALTH_CSV = (H200 / "smi-health.csv").read_text()
+
+
+def load_agent(tmp_path):
+    """The agent as installed: raymetal_health.py beside it."""
+    (tmp_path / "lib").mkdir()
+    shutil.copy(ROOT / "roles" / "health" / "files" / "raymetal_health_agent.py", tmp_path / "lib")
+    shutil.copy(ROOT / "plugins" / "module_utils" / "raymetal_health.py", tmp_path / "lib")
+    spec = importlib.util.spec_from_file_location("raymetal_health_agent", tmp_path / "lib" / "raymetal_health_agent.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules.pop("raymetal_health", None)
+    return module
+
+
+def recorder(tmp_path, name, rc=0):
+    """A stand-in command that appends its arguments to calls.log and exits rc."""
+    script = tmp_path / name
+    script.write_text('#!/bin/sh\necho "%s $*" >> %s\nexit %d\n' % (name, tmp_path / "calls.log", rc))
+    script.chmod(0o755)
+    return str(script)
+
+
+def config(tmp_path, **extra):
+    net = tmp_path / "sys" / "class" / "net" / "ib0"
+    net.mkdir(parents=True, exist_ok=True)
+    (net / "operstate").write_text("up\n")
+    base = {"role": "worker", "host": "w1", "interface": "ib0", "address": "10.10.0.2", "gpus": [],
+            "sysfs_root": str(tmp_path / "sys"), "readmit_passes": 2, "unit": "ray-worker.service",
+            "state_path": str(tmp_path / "state" / "health.json"), "metrics_dir": str(tmp_path / "textfile"),
+            "systemctl": recorder(tmp_path, "systemctl"),
+            "drain": {"python": "/bin/sh", "script": recorder(tmp_path, "drain"), "dashboard_url": "http://10.10.0.1:8265",
+                      "gcs": "10.10.0.1:6379", "token_path": "/etc/ray/auth_token", "deadline_s": 5, "ray_bin": "ray"}}
+    base.update(extra)
+    return base
+
+
+def inputs(addresses=("10.10.0.2",)):
+    return {"smi": lambda: [], "kmsg": lambda after: [], "driver_gpus": lambda: None,
+            "addresses": lambda interface: list(addresses)}
+
+
+def calls(tmp_path):
+    log = tmp_path / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_failing_round_drains_then_stops_ray_and_keeps_the_record(tmp_path, capsys):
+    agent = load_agent(tmp_path)
+    # Ray's temp dir short of space: the node still reaches the head, so it is drained first.
+    cfg = config(tmp_path, temp_dir=str(tmp_path), min_free_bytes=2 ** 62)
+    state, findings, action = agent.one_round(cfg, 100, inputs())
+    assert action == "quarantine"
+    made = calls(tmp_path)
+    # The drain first (this node's address, the token's path, the deadline), then the unit stopped.
+    assert made[0].startswith("drain http://10.10.0.1:8265 10.10.0.1:6379 10.10.0.2 /etc/ray/auth_token 5 ray raymetal health: ")
+    assert made[1] == "systemctl stop ray-worker.service"
+    record = json.loads(Path(cfg["state_path"]).read_text())["record"]
+    assert (record["class"], record["check"], record["drain"], record["stopped"]) == (
+        "transient", "temp_dir", "drained", True)
+    assert "w1 quarantined (transient, temp_dir): Ray's temp dir %s has" % tmp_path in capsys.readouterr().out
+    prom = (tmp_path / "textfile" / "raymetal_health.prom").read_text()
+    assert 'raymetal_health_quarantined{class="transient",check="temp_dir"} 1' in prom
+    assert "raymetal_health_findings 1" in prom
+
+
+def test_a_node_off_the_fabric_is_stopped_without_a_drain_it_could_not_send(tmp_path, capsys):
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path)
+    state, findings, action = agent.one_round(cfg, 100, inputs(addresses=()))
+    assert action == "quarantine"
+    # The drain would go to the head over the fabric this node lost: no drain. Ray's own stop would try the same
+    # for 30 s, so the stop is queued and the unit's processes killed, then the stop waited for.
+    assert calls(tmp_path) == ["systemctl stop --no-block ray-worker.service",
+                               "systemctl kill --signal=SIGKILL ray-worker.service",
+                               "systemctl stop ray-worker.service"]
+    record = json.loads(Path(cfg["state_path"]).read_text())["record"]
+    assert (record["class"], record["check"], record["stopped"], record["killed"]) == (
+        "transient", "fabric_address", True, True)
+    assert record["drain"].startswith("not asked: the fabric is down here")
+    assert "w1 quarantined (transient, fabric_address): the fabric interface ib0 lost 10.10.0.2" in capsys.readouterr().out
+    prom = (tmp_path / "textfile" / "raymetal_health.prom").read_text()
+    assert 'raymetal_health_quarantined{class="transient",check="fabric_address"} 1' in prom
+
+
+def test_passing_rounds_in_a_row_readmit_and_start_ray(tmp_path, capsys):
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path)
+    agent.one_round(cfg, 100, inputs(addresses=()))
+    assert agent.one_round(cfg, 115, inputs())[2] == "hold"
+    state, _, action = agent.one_round(cfg, 130, inputs())
+    assert (action, state["record"]) == ("readmit", None)
+    assert calls(tmp_path)[-1] == "systemctl start ray-worker.service"
+    assert "w1 re-admitted: its checks passed 2 rounds in a row" in capsys.readouterr().out
+    assert 'raymetal_health_quarantined{class="",check=""} 0' in (tmp_path / "textfile" / "raymetal_health.prom").read_text()
+
+
+def test_the_head_is_reported_and_nothing_is_stopped(tmp_path, capsys):
+    agent = load_agent(tmp_path)
+    ecc = HEALTH_CSV.replace("Enabled, 0, 0,", "Enabled, 1, 1,")
+    read = dict(inputs(), smi=lambda: agent.health.parse_smi_health(ecc), driver_gpus=lambda: ["0000:00:06.0"])
+    state, _, action = agent.one_round(config(tmp_path, role="head", gpus=["0000:00:06.0"]), 100, read)
+    assert action == "report" and calls(tmp_path) == []
+    assert "w1 is sick (the loop never stops the head)" in capsys.readouterr().out
+
+
+def test_a_failed_stop_is_kept_in_the_record(tmp_path):
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path, drain={})
+    cfg["systemctl"] = recorder(tmp_path, "failing-systemctl", rc=5)
+    state, _, action = agent.one_round(cfg, 100, inputs(addresses=()))
+    assert action == "quarantine" and state["record"]["stopped"] is False
+    assert calls(tmp_path)[-1] == "failing-systemctl stop ray-worker.service"
