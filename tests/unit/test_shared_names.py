@@ -99,7 +99,7 @@ def test_every_play_hands_rays_names_to_the_roles_that_read_them(tmp_path, group
 
 
 def test_the_standalone_role_defaults_are_the_ray_roles():
-    """The nccl and acceptance roles keep a default for use on their own; it must be the ray role's."""
+    """The nccl, acceptance and health roles keep a default for use on their own; it must be the ray role's."""
     nccl = yaml.safe_load((REPO / "roles" / "nccl" / "defaults" / "main.yml").read_text())
     acceptance = yaml.safe_load((REPO / "roles" / "acceptance" / "defaults" / "main.yml").read_text())
     assert nccl["nccl_venv_path"] == ray_default("ray_venv_path")
@@ -107,6 +107,10 @@ def test_the_standalone_role_defaults_are_the_ray_roles():
     assert acceptance["acceptance_ray_user"] == ray_default("ray_user")
     assert acceptance["acceptance_ray_token_path"] == ray_default("ray_auth_token_path")
     assert acceptance["acceptance_ray_config"] == ray_default("ray_config_dir") + "/cluster.json"
+    # The health loop's default unit is a worker's (the deploy hands it ray_node_unit).
+    health = yaml.safe_load((REPO / "roles" / "health" / "defaults" / "main.yml").read_text())
+    ray_vars = yaml.safe_load((REPO / "roles" / "ray" / "vars" / "main.yml").read_text())
+    assert health["health_ray_unit"] == ray_vars["ray_worker_unit"]
 
 
 def test_the_ray_cluster_facts_module_defaults_are_the_ray_roles():
@@ -134,7 +138,9 @@ ALLOWED = {
     "ray-head": {"roles/ray/vars/main.yml", "roles/ray/meta/argument_specs.yml",
                  # Prose in a Prometheus alert (the monitoring host runs no ray role).
                  "roles/monitoring/templates/raymetal-alerts.yml.j2"},
-    "ray-worker": {"roles/ray/vars/main.yml", "roles/ray/meta/argument_specs.yml", "roles/monitoring/templates/raymetal-alerts.yml.j2"},
+    "ray-worker": {"roles/ray/vars/main.yml", "roles/ray/meta/argument_specs.yml", "roles/monitoring/templates/raymetal-alerts.yml.j2",
+                   # The health role's default for use on its own (a worker's unit; checked equal above).
+                   "roles/health/defaults/main.yml", "roles/health/meta/argument_specs.yml"},
 }
 
 
