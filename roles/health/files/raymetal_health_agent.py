@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """The node's health loop (issue 36): checks every interval, drains and stops Ray on a FAIL, re-admits.
 
     raymetal_health_agent.py --config /etc/raymetal/health.json [--once]
