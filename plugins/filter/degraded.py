@@ -152,6 +152,18 @@ def cluster_members(hosts, hostvars):
     return members
 
 
+def health_quarantined(hosts, hostvars):
+    """{host: reason} for the hosts whose health loop holds a quarantine record (``health_quarantine``, which the
+    health role's ``state`` entry point publishes): the deploy keeps Ray stopped there and names them."""
+    held = {}
+    for host in hosts or []:
+        record = (hostvars[host] if host in hostvars else {}).get("health_quarantine") or {}
+        if record:
+            held[host] = "quarantined by the health loop (%s, %s): %s" % (
+                record.get("class") or "?", record.get("check") or "?", record.get("finding") or "no finding recorded")
+    return held
+
+
 class FilterModule:
     """Degraded-mode deploy filters."""
 
@@ -162,4 +174,5 @@ class FilterModule:
             "exclude_pattern": exclude_pattern,
             "fast_path_plan": fast_path_plan,
             "cluster_members": cluster_members,
+            "health_quarantined": health_quarantined,
         }

@@ -4,7 +4,8 @@ The health loop is off by default, so this module deploys the lab with it on (a 
 health_enabled and a short interval), takes ib0 down on a worker (the real fault: the link Ray's address is on),
 and sees that worker's own loop drain and stop Ray there, keep the record and the metric, while every other node
 keeps its raylet; then brings ib0 up and sees the worker ALIVE in the cluster again with nobody running anything.
-It ends with the deploy of the lab's own inventory (health_enabled false): the loop is stopped, disabled and
+Then a hardware quarantine record (what the loop keeps for an Xid 79) on a worker and a plain deploy: Ray stays
+stopped there, nothing changes on it, the run names it quarantined. It ends with the deploy of the lab's own inventory (health_enabled false): the loop is stopped, disabled and
 removed everywhere, and the lab is as the other tests expect it.
 """
 
@@ -37,6 +38,16 @@ def unit(name, unit_name):
 def state(name):
     out = labkit.sh(name, f"cat {STATE} 2>/dev/null", check=False).stdout
     return json.loads(out) if out.strip() else None
+
+
+def put_record(name, record):
+    """Set the loop's quarantine record on a node as the loop keeps it (the loop stopped meanwhile, so that its
+    next round reads this record rather than writing its own over it)."""
+    labkit.sh(name, "systemctl stop raymetal-health")
+    current = state(name) or {"kmsg_seq": -1}
+    current["record"] = record
+    labkit.sh(name, f"cat > {STATE}.new <<'EOF'\n{json.dumps(current)}\nEOF\nmv {STATE}.new {STATE}")
+    labkit.sh(name, "systemctl start raymetal-health")
 
 
 def ib0_restored(name, ip):
@@ -102,6 +113,31 @@ def test_a_worker_off_the_fabric_is_quarantined_and_comes_back_by_itself(cluster
         assert labkit.invocation_ids(lab, [HEAD, WORKER2]) == others
         print(f"ib0 down -> Ray stopped on {WORKER1}: {stopped_after:.1f} s; -> not ALIVE at the head: "
               f"{gone_after:.1f} s; ib0 up -> ALIVE again: {alive_after:.1f} s")
+
+        # A hardware quarantine (the record the loop keeps for an Xid 79: held until an operator acts; the lab has
+        # no GPU, so the record is put where the loop keeps it, with the loop stopped meanwhile, and Ray stopped as
+        # the loop stops it). A plain deploy does not undo it: Ray stays stopped there, nothing changes on that
+        # worker, the run names it quarantined, and its record of the last deploy is not rewritten (so the next
+        # deploy reads the quarantine again instead of waiting for the worker on the fast path).
+        hardware = {"state": "quarantined", "class": "hardware", "check": "gpu_xid", "subject": "0000:1b:00.0",
+                    "finding": "Xid 79 on 0000:1b:00.0 (the GPU has fallen off the bus)", "since": time.time(),
+                    "passes": 0}
+        put_record(WORKER1, hardware)
+        labkit.sh(WORKER1, "systemctl stop ray-worker")
+        labkit.wait_until(lambda: w1_ip not in labkit.alive_ips(lab), 90, 2, f"the head to see {WORKER1} gone")
+        applied_before = labkit.sh(WORKER1, "stat -c %Y /var/lib/raymetal/applied.json").stdout
+        rc, out, stats = labkit.run_playbook("site.yml", inventory)
+        assert rc == 0, out[-6000:]
+        flat = " ".join(out.split())
+        assert (f"{WORKER1}: quarantined by the health loop (hardware, gpu_xid): Xid 79 on 0000:1b:00.0" in flat
+                and "A hardware fault is never re-admitted by the loop" in flat), out[-6000:]
+        assert "Left out of the cluster by this run" in flat, out[-6000:]
+        assert stats[WORKER1]["changed"] == 0, stats
+        assert unit(WORKER1, "ray-worker")["ActiveState"] == "inactive"
+        assert state(WORKER1)["record"]["class"] == "hardware"
+        assert labkit.sh(WORKER1, "stat -c %Y /var/lib/raymetal/applied.json").stdout == applied_before
+        assert labkit.invocation_ids(lab, [HEAD, WORKER2]) == others
+        put_record(WORKER1, None)
     finally:
         ib0_restored(WORKER1, w1_ip)
         # Switched off (the lab's own inventory): stopped, disabled, removed on every node; Ray everywhere.

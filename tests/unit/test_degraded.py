@@ -242,3 +242,18 @@ def test_a_first_deploy_needs_no_reason():
     # No record anywhere: every host differs, and the run says nothing beyond the fast path's own message.
     plan = d.fast_path_plan(HOSTS, HOSTVARS, "head", HOSTS, {})
     assert plan == {"converge": HOSTS, "unchanged": [], "everywhere": ""}
+
+
+def test_health_quarantined_names_each_quarantined_worker_with_its_class_check_and_finding():
+    hostvars = {
+        "w1": {"health_quarantine": {"state": "quarantined", "class": "hardware", "check": "gpu_xid",
+                                     "finding": "Xid 79 on 0000:1b:00.0"}},
+        "w2": {"health_quarantine": {}},
+        "w3": {},
+    }
+    assert d.health_quarantined(["w1", "w2", "w3", "gone"], hostvars) == {
+        "w1": "quarantined by the health loop (hardware, gpu_xid): Xid 79 on 0000:1b:00.0"}
+    assert d.health_quarantined([], hostvars) == {}
+    # A record without its details still names the host.
+    assert d.health_quarantined(["w1"], {"w1": {"health_quarantine": {"state": "quarantined"}}}) == {
+        "w1": "quarantined by the health loop (?, ?): no finding recorded"}
