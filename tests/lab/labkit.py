@@ -240,6 +240,18 @@ def alive_nodes(lab: dict[str, dict]) -> dict[str, str]:
     return {n["node_ip"]: n["node_id"] for n in nodes if n["state"] == "ALIVE"}
 
 
+def raylet_registered(lab: dict[str, dict], name: str) -> bool:
+    """True once the raylet running on `name` is the node the GCS lists ALIVE at its fabric IP.
+
+    A raylet process that runs is not yet a member: it registers with the GCS after it starts, and the GCS
+    can still list the node's previous raylet as ALIVE meanwhile. Ray passes the node ID on the raylet's
+    command line (--node_id=<hex>).
+    """
+    cmdline = sh(name, "tr '\\0' '\\n' < /proc/$(pgrep -xo raylet)/cmdline", check=False).stdout.split()
+    ids = [arg.split("=", 1)[1] for arg in cmdline if arg.startswith("--node_id=")]
+    return bool(ids) and alive_nodes(lab).get(lab[name]["lab_fabric_ip"]) == ids[0]
+
+
 def alive_ips(lab: dict[str, dict]) -> set[str]:
     """Fabric IPs of the ALIVE nodes (see alive_nodes)."""
     return set(alive_nodes(lab))
