@@ -63,10 +63,11 @@ def cluster(lab):
 # One line per test: its wall time, the CPU of what it ran on the controller (ansible-playbook and every other child
 # this pytest process waited for), and the CPU of this lab's containers (their cgroups). The machine running the
 # suite is CPU-bound, so this, not wall time, says which proof is expensive. tools/suite_report.py prints the sum.
-def _lab_containers_cpu() -> float:
+def _lab_containers_cpu() -> dict[str, float]:
+    """CPU seconds of each running container of this lab, by container ID (a container's cgroup counts from its start)."""
     ids = subprocess.run(["docker", "ps", "-q", "--no-trunc", "--filter", f"label=io.raymetal.lab={labkit.LAB_PREFIX}"],
                          capture_output=True, text=True, check=False).stdout.split()
-    total = 0.0
+    usage = {}
     for cid in ids:
         for path, scale in ((f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage", 1e-9),
                             (f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat", 1e-6)):
@@ -75,9 +76,16 @@ def _lab_containers_cpu() -> float:
             except OSError:
                 continue
             value = text.split()[1] if text.startswith("usage_usec") else text.split()[0]
-            total += int(value) * scale
+            usage[cid] = int(value) * scale
             break
-    return total
+    return usage
+
+
+def _nodes_cpu_between(before: dict[str, float], after: dict[str, float]) -> float:
+    """What the lab's containers spent between two samples. A container the test stopped and started (or restarted)
+    has a new cgroup whose counter starts at 0: its CPU since that start is counted (what it spent before the stop
+    is lost, so the figure is a lower bound for such a test)."""
+    return sum(now - before[cid] if now >= before.get(cid, now + 1) else now for cid, now in after.items())
 
 
 @contextlib.contextmanager
@@ -95,7 +103,7 @@ def _cost(name: str):
         controller = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
         with open(path, "a") as out:
             out.write(f"{name}\t{time.monotonic() - start:.1f}\t{controller:.1f}\t"
-                      f"{max(0.0, _lab_containers_cpu() - nodes):.1f}\n")
+                      f"{_nodes_cpu_between(nodes, _lab_containers_cpu()):.1f}\n")
 
 
 @pytest.fixture(autouse=True)
