@@ -11,7 +11,9 @@ NIC names (Docker attaches the lab's networks in either order at a start).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
 
 from raymetal.runner import deploy
 from tests.lab import labkit
@@ -86,12 +88,17 @@ def test_a_deploy_goes_on_without_an_unreachable_worker_within_the_budget_and_it
 
         # The head unreachable (frozen for the few seconds validation takes): refused whatever the budget.
         head_before = labkit.invocation_ids(lab, [HEAD])
+        # SSH connections of this run's own: a frozen host's kernel still accepts TCP, and a request over the
+        # multiplexed connection an earlier run left open (ControlPersist) would wait for ServerAlive to give up
+        # (45 s, with the head frozen all along) instead of the 5 s connect timeout. Short: a socket path's limit.
+        fresh = tempfile.mkdtemp(prefix="rmcp-", dir="/tmp")
         docker("pause", HEAD)
         try:
             rc, out, stats = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", "raymetal_max_unreachable=2",
-                                                 "-e", QUICK)
+                                                 "-e", QUICK, "-e", f"ansible_control_path_dir={fresh}")
         finally:
             docker("unpause", HEAD)
+            shutil.rmtree(fresh, ignore_errors=True)
         assert rc == 2 and all(s["changed"] == 0 for s in stats.values()), (rc, stats)
         assert f"{HEAD} is the head" in flat(out), out[-3000:]
         assert labkit.invocation_ids(lab, [HEAD]) == head_before
