@@ -17,7 +17,10 @@ description:
     recursively, without C(acceptance) reports), the generated credentials included; and, for each host
     given, its group membership and its variables before any templating (inventory, C(host_vars),
     C(group_vars), extra variables, a dynamic inventory's too), without Ansible's own run-specific
-    variables and without C(raymetal_fast_path) or C(raymetal_max_unreachable), which change nothing on a node."
+    variables and without C(raymetal_fast_path), C(raymetal_max_unreachable) and the SSH connection's timeouts,
+    retries, control path and pipelining (C(ansible_timeout), C(ansible_ssh_timeout), C(ansible_ssh_retries),
+    C(ansible_control_path), C(ansible_control_path_dir), C(ansible_pipelining), C(ansible_ssh_pipelining)),
+    which change nothing on a node."
   - Any change to any of those makes the digest differ, and the fast path then runs the full deploy.
 options:
   _terms:
@@ -84,6 +87,11 @@ RUN_VARS = {
     # may leave out (it decides which hosts run, not what they get): a degraded deploy keeps the fast path per
     # host on the nodes that did not change.
     "raymetal_fast_path", "raymetal_max_unreachable",
+    # How long and over which socket the controller's SSH waits (-e ansible_timeout=5 for a run that expects a dead
+    # host) changes nothing on a node either. Where to connect (ansible_host, ansible_port, ansible_user) stays an
+    # input: it can be another machine.
+    "ansible_timeout", "ansible_ssh_timeout", "ansible_ssh_retries", "ansible_control_path",
+    "ansible_control_path_dir", "ansible_pipelining", "ansible_ssh_pipelining",
 }
 
 

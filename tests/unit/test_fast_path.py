@@ -192,8 +192,9 @@ class _HostVars(dict):
 
 
 def test_the_inputs_leave_out_the_variables_that_change_nothing_on_a_node():
-    """A deploy run with -e raymetal_max_unreachable=1 or raymetal_fast_path=false has the same inputs as one
-    without: which hosts run, not what they get (so a degraded deploy keeps the fast path per host)."""
+    """A deploy run with -e raymetal_max_unreachable=1, raymetal_fast_path=false or ansible_timeout=5 has the same
+    inputs as one without: which hosts run and how the controller reaches them, not what they get (so a degraded
+    deploy keeps the fast path per host)."""
     from ansible_collections.raymetal.cluster.plugins.lookup.deploy_inputs import LookupModule
 
     def digest(extra):
@@ -208,4 +209,8 @@ def test_the_inputs_leave_out_the_variables_that_change_nothing_on_a_node():
     plain = digest({})
     assert digest({"raymetal_max_unreachable": 1}) == plain
     assert digest({"raymetal_max_unreachable": "10%", "raymetal_fast_path": False}) == plain
+    # How the controller's SSH connects is no input either (a run that expects a dead host shortens the timeout);
+    # where it connects is.
+    assert digest({"ansible_timeout": 5, "ansible_control_path_dir": "/tmp/x", "ansible_ssh_retries": 2}) == plain
+    assert digest({"ansible_host": "10.0.0.9"}) != plain
     assert digest({"ray_version": "2.59.0"}) != plain
