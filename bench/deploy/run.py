@@ -181,24 +181,7 @@ class Lab:
 
     def cpu_seconds(self):
         """CPU time used so far by everything in the lab's containers (their cgroups), or None."""
-        total = 0.0
-        for cid in self.ids:
-            v1 = "/sys/fs/cgroup/cpuacct/docker/%s/cpuacct.usage" % cid
-            v2 = ["/sys/fs/cgroup/system.slice/docker-%s.scope/cpu.stat" % cid,
-                  "/sys/fs/cgroup/docker/%s/cpu.stat" % cid]
-            if os.path.exists(v1):
-                with open(v1, encoding="ascii") as fh:
-                    total += int(fh.read()) / 1e9
-                continue
-            for path in v2:
-                if os.path.exists(path):
-                    with open(path, encoding="ascii") as fh:
-                        stat = dict(line.split() for line in fh if line.strip())
-                    total += int(stat["usage_usec"]) / 1e6
-                    break
-            else:
-                return None
-        return total
+        return containers_cpu_seconds(self.ids)
 
     def down(self):
         subprocess.run(["bash", LAB_SH, "down"], cwd=REPO, env=self.env, capture_output=True, check=False)
@@ -207,6 +190,29 @@ class Lab:
         proc = subprocess.run(["docker", "ps", "-aq", "--filter", "label=io.raymetal.lab=" + self.prefix],
                               capture_output=True, text=True, check=False)
         return proc.stdout.split()
+
+
+def containers_cpu_seconds(ids):
+    """CPU time used so far by the containers with these IDs (their cgroups, v1 or v2), or None when one of
+    them has no cgroup this can read."""
+    total = 0.0
+    for cid in ids:
+        v1 = "/sys/fs/cgroup/cpuacct/docker/%s/cpuacct.usage" % cid
+        v2 = ["/sys/fs/cgroup/system.slice/docker-%s.scope/cpu.stat" % cid,
+              "/sys/fs/cgroup/docker/%s/cpu.stat" % cid]
+        if os.path.exists(v1):
+            with open(v1, encoding="ascii") as fh:
+                total += int(fh.read()) / 1e9
+            continue
+        for path in v2:
+            if os.path.exists(path):
+                with open(path, encoding="ascii") as fh:
+                    stat = dict(line.split() for line in fh if line.strip())
+                total += int(stat["usage_usec"]) / 1e6
+                break
+        else:
+            return None
+    return total
 
 
 def dexec(node, script, what, logfile):

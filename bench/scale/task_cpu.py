@@ -23,6 +23,7 @@ run with the least controller CPU is the one printed, and every run's total is l
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -34,6 +35,10 @@ from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(ROOT, ".venv", "bin")
+# The deploy bench's reading of the containers' cgroups (bench/scale/run.py loads it the same way).
+_SPEC = importlib.util.spec_from_file_location("deploy_bench", os.path.join(ROOT, "bench", "deploy", "run.py"))
+deploy_bench = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(deploy_bench)
 
 
 def hosts_of(inventory):
@@ -43,21 +48,10 @@ def hosts_of(inventory):
 
 
 def nodes_cpu(hosts):
-    """CPU seconds of the hosts' containers (their cgroups); a host that is no container counts 0."""
-    total = 0.0
-    for host in hosts:
-        cid = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", host], capture_output=True, text=True,
-                             check=False).stdout.strip()
-        for path, scale in ((f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage", 1e-9),
-                            (f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat", 1e-6)):
-            try:
-                with open(path, encoding="ascii") as fh:
-                    text = fh.read()
-            except OSError:
-                continue
-            total += int(text.split()[1] if text.startswith("usage_usec") else text.split()[0]) * scale
-            break
-    return total
+    """CPU seconds of the hosts' containers so far (bench/deploy/run.py reads their cgroups), or None."""
+    ids = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", *hosts], capture_output=True, text=True,
+                         check=False).stdout.split()
+    return deploy_bench.containers_cpu_seconds(ids) if len(ids) == len(hosts) else None
 
 
 def children_cpu():
@@ -73,7 +67,8 @@ def one_run(inventory, hosts, extra):
     cmd = [os.path.join(BIN, "ansible-playbook"), "site.yml", "-i", inventory, *extra]
     nodes0, cpu0, wall0 = nodes_cpu(hosts), children_cpu(), time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    wall, cpu, nodes = time.monotonic() - wall0, children_cpu() - cpu0, nodes_cpu(hosts) - nodes0
+    wall, cpu, nodes1 = time.monotonic() - wall0, children_cpu() - cpu0, nodes_cpu(hosts)
+    nodes = None if nodes0 is None or nodes1 is None else nodes1 - nodes0
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}")
     rows = []
@@ -93,8 +88,8 @@ def report(run, hosts, inventory, top):
     pairs = sum(r[1] for r in rows)
     skips = sum(r[2] for r in rows)
     print(f"\nfull-path no-op rerun on {len(hosts)} hosts ({inventory}): {run['wall']:.1f} s wall, controller "
-          f"{run['cpu']:.1f} CPU-s ({run['cpu'] / len(hosts):.2f} per host), nodes {run['nodes']:.1f} CPU-s "
-          f"(idle Ray included), changed={run['changed']}")
+          f"{run['cpu']:.1f} CPU-s ({run['cpu'] / len(hosts):.2f} per host), nodes {deploy_bench.fmt(run['nodes'])} "
+          f"CPU-s (idle Ray included), changed={run['changed']}")
     print(f"task-host pairs: {pairs} ({skips} skipped); controller CPU per pair {run['cpu'] / max(pairs, 1) * 1000:.0f} ms")
     by_play = defaultdict(lambda: [0.0, 0])
     for cost, ran, _skipped, play, _name in rows:
