@@ -350,6 +350,23 @@ def breaker(quarantines, host, workers, max_share, max_at_once, window_s, now):
     return True, ""
 
 
+def round_findings(config, state, read):
+    """(findings, kernel log records read) of one round's checks: the GPUs, the Xid lines logged after the
+    state's ``kmsg_seq``, the fabric interface and Ray's temp dir (``node_round`` and ``operator_readmit``)."""
+    findings = []
+    rows = read["smi"]() if config.get("gpus") else None
+    findings.extend(gpu_health_findings(rows or []))
+    findings.extend(lost_gpu_findings(config.get("gpus") or [], read["driver_gpus"]() if config.get("gpus") else None))
+    records = read["kmsg"](state.get("kmsg_seq", -1))
+    findings.extend(xid_findings(xid_events(records)))
+    if config.get("interface"):
+        findings.extend(interface_findings(config.get("sysfs_root", "/sys"), config["interface"],
+                                           config.get("address", ""), read["addresses"](config["interface"])))
+    if config.get("temp_dir"):
+        findings.extend(temp_dir_findings(config["temp_dir"], int(config.get("min_free_bytes", 0))))
+    return findings, records
+
+
 def node_round(config, state, now, read):
     """One round of the node's health loop: (new state, the round's findings, the action).
 
@@ -367,17 +384,7 @@ def node_round(config, state, now, read):
     On the head the action is ``report`` where a worker's would be ``quarantine``: the loop never stops
     the head.
     """
-    findings = []
-    rows = read["smi"]() if config.get("gpus") else None
-    findings.extend(gpu_health_findings(rows or []))
-    findings.extend(lost_gpu_findings(config.get("gpus") or [], read["driver_gpus"]() if config.get("gpus") else None))
-    records = read["kmsg"](state.get("kmsg_seq", -1))
-    findings.extend(xid_findings(xid_events(records)))
-    if config.get("interface"):
-        findings.extend(interface_findings(config.get("sysfs_root", "/sys"), config["interface"],
-                                           config.get("address", ""), read["addresses"](config["interface"])))
-    if config.get("temp_dir"):
-        findings.extend(temp_dir_findings(config["temp_dir"], int(config.get("min_free_bytes", 0))))
+    findings, records = round_findings(config, state, read)
     record, action = next_state(state.get("record"), findings, now, int(config.get("readmit_passes", 4)))
     seq = max([rec["seq"] for rec in records] + [state.get("kmsg_seq", -1)])
     if record and action == "quarantine":
@@ -385,3 +392,20 @@ def node_round(config, state, now, read):
     if config.get("role") == "head" and action in ("quarantine", "worse"):
         action = "report"
     return {"record": record, "kmsg_seq": seq}, findings, action
+
+
+def operator_readmit(config, state, read):
+    """An operator's re-admission after a repair (playbooks/readmit.yml): (new state, findings, verdict).
+
+    The same checks as a round, run once: any FAIL refuses (verdict ``refused``; the record and the kernel
+    log cursor stay as they were, so the Xid that caused a hardware quarantine is not read again, but a new
+    one is). Otherwise the record is cleared, the cursor moves past what was read (verdict ``admitted``).
+    A node without a record is ``not quarantined`` and nothing changes.
+    """
+    if not state.get("record"):
+        return state, [], "not quarantined"
+    findings, records = round_findings(config, state, read)
+    if any(f["severity"] == "fail" for f in findings):
+        return state, findings, "refused"
+    seq = max([rec["seq"] for rec in records] + [state.get("kmsg_seq", -1)])
+    return {"record": None, "kmsg_seq": seq}, findings, "admitted"

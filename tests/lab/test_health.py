@@ -5,7 +5,8 @@ health_enabled and a short interval), takes ib0 down on a worker (the real fault
 and sees that worker's own loop drain and stop Ray there, keep the record and the metric, while every other node
 keeps its raylet; then brings ib0 up and sees the worker ALIVE in the cluster again with nobody running anything.
 Then a hardware quarantine record (what the loop keeps for an Xid 79) on a worker and a plain deploy: Ray stays
-stopped there, nothing changes on it, the run names it quarantined. It ends with the deploy of the lab's own inventory (health_enabled false): the loop is stopped, disabled and
+stopped there, nothing changes on it, the run names it quarantined; playbooks/readmit.yml refuses it while a check
+still fails and re-admits it once the fault is gone. It ends with the deploy of the lab's own inventory (health_enabled false): the loop is stopped, disabled and
 removed everywhere, and the lab is as the other tests expect it.
 """
 
@@ -137,7 +138,31 @@ def test_a_worker_off_the_fabric_is_quarantined_and_comes_back_by_itself(cluster
         assert state(WORKER1)["record"]["class"] == "hardware"
         assert labkit.sh(WORKER1, "stat -c %Y /var/lib/raymetal/applied.json").stdout == applied_before
         assert labkit.invocation_ids(lab, [HEAD, WORKER2]) == others
-        put_record(WORKER1, None)
+
+        # The operator's re-admission (playbooks/readmit.yml). Refused while a check still fails (the lab has no GPU
+        # to stay broken: ib0 down stands in for the fault that remains): the record and Ray's stop are kept.
+        cursor = state(WORKER1)["kmsg_seq"]
+        labkit.sh(WORKER1, "ip link set ib0 down")
+        rc, out, _ = labkit.run_playbook("playbooks/readmit.yml", inventory, "-e", f"raymetal_readmit_hosts={WORKER1}")
+        flat = " ".join(out.split())
+        assert rc != 0 and f"{WORKER1} stays quarantined" in flat and "ib0" in flat.split("stays quarantined")[1], (
+            out[-6000:])
+        assert state(WORKER1)["record"]["class"] == "hardware"
+        assert unit(WORKER1, "ray-worker")["ActiveState"] == "inactive"
+        assert unit(WORKER1, "raymetal-health")["ActiveState"] == "active"
+        # Repaired: admitted, the record cleared with the kernel log cursor kept, Ray started, ALIVE at the head.
+        ib0_restored(WORKER1, w1_ip)
+        rc, out, stats = labkit.run_playbook("playbooks/readmit.yml", inventory, "-e", f"raymetal_readmit_hosts={WORKER1}")
+        flat = " ".join(out.split())
+        assert rc == 0, out[-6000:]
+        assert f"{WORKER1}: re-admitted (was hardware, gpu_xid: Xid 79 on 0000:1b:00.0" in flat, out[-6000:]
+        assert stats[WORKER1]["changed"] == 1 and set(stats) <= {"localhost", WORKER1}, stats
+        record = state(WORKER1)
+        assert record["record"] is None and record["kmsg_seq"] >= cursor, record
+        assert unit(WORKER1, "ray-worker")["ActiveState"] == "active"
+        assert unit(WORKER1, "raymetal-health")["ActiveState"] == "active"
+        labkit.wait_until(lambda: w1_ip in labkit.alive_ips(lab), 90, 2, f"{WORKER1} ALIVE after its re-admission")
+        assert labkit.invocation_ids(lab, [HEAD, WORKER2]) == others
     finally:
         ib0_restored(WORKER1, w1_ip)
         # Switched off (the lab's own inventory): stopped, disabled, removed on every node; Ray everywhere.

@@ -128,3 +128,95 @@ def test_a_failed_stop_is_kept_in_the_record(tmp_path):
     state, _, action = agent.one_round(cfg, 100, inputs(addresses=()))
     assert action == "quarantine" and state["record"]["stopped"] is False
     assert calls(tmp_path)[-1] == "failing-systemctl stop ray-worker.service"
+
+
+# An operator's re-admission (--readmit, run by playbooks/readmit.yml with the loop stopped).
+XID79 = ("4,900,99000000,c;NVRM: Xid (PCI:0000:00:06): 79, pid=0, name=python3, "
+         "GPU has fallen off the bus.")
+HARDWARE_RECORD = {"state": "quarantined", "class": "hardware", "check": "gpu_xid", "subject": "0000:00:06.0",
+                   "finding": "Xid 79 on 0000:00:06.0", "since": 50, "passes": 0}
+
+
+def held(tmp_path, cfg, record=HARDWARE_RECORD, kmsg_seq=800):
+    path = Path(cfg["state_path"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"record": record, "kmsg_seq": kmsg_seq}))
+
+
+def state_of(cfg):
+    return json.loads(Path(cfg["state_path"]).read_text())
+
+
+def test_readmit_refuses_while_the_gpu_is_still_lost_and_keeps_the_record(tmp_path):
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path, gpus=["0000:00:06.0"])
+    held(tmp_path, cfg)
+    read = dict(inputs(), driver_gpus=lambda: [])
+    code, out = agent.operator_readmit(cfg, 200, read)
+    result = json.loads(out)
+    assert (code, result["verdict"]) == (3, "refused")
+    assert [f["check"] for f in result["findings"]] == ["gpu_lost"]
+    assert state_of(cfg) == {"record": HARDWARE_RECORD, "kmsg_seq": 800}
+    assert calls(tmp_path) == []
+
+
+def test_readmit_refuses_a_new_xid_but_not_the_one_that_caused_the_quarantine(tmp_path):
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path, gpus=["0000:00:06.0"])
+    held(tmp_path, cfg, kmsg_seq=899)
+    record = agent.health.parse_kmsg_record(XID79)
+
+    def kmsg(after):
+        return [r for r in [record] if r["seq"] > after]
+
+    ok = dict(inputs(), driver_gpus=lambda: ["0000:00:06.0"], kmsg=kmsg)
+    code, out = agent.operator_readmit(cfg, 200, ok)
+    assert (code, json.loads(out)["verdict"]) == (3, "refused")
+    assert "79" in json.loads(out)["findings"][0]["message"]
+    # The loop's cursor past that line (the Xid that caused the quarantine): the repaired GPU is admitted.
+    held(tmp_path, cfg, kmsg_seq=900)
+    code, out = agent.operator_readmit(cfg, 300, ok)
+    assert (code, json.loads(out)["verdict"]) == (0, "admitted")
+
+
+def test_readmit_after_the_repair_clears_the_record_keeps_the_cursor_and_starts_ray(tmp_path):
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path, gpus=["0000:00:06.0"])
+    held(tmp_path, cfg)
+    code, out = agent.operator_readmit(cfg, 200, dict(inputs(), driver_gpus=lambda: ["0000:00:06.0"]))
+    result = json.loads(out)
+    assert (code, result["verdict"], result["ray_started"]) == (0, "admitted", True)
+    assert result["record"] == HARDWARE_RECORD
+    assert state_of(cfg) == {"record": None, "kmsg_seq": 800}
+    assert calls(tmp_path) == ["systemctl start ray-worker.service"]
+    assert 'raymetal_health_quarantined{class="",check=""} 0' in (tmp_path / "textfile" / "raymetal_health.prom").read_text()
+
+
+def test_readmit_of_a_node_that_is_not_quarantined_changes_nothing(tmp_path):
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path)
+    held(tmp_path, cfg, record=None)
+    code, out = agent.operator_readmit(cfg, 200, inputs(addresses=()))
+    assert (code, json.loads(out)["verdict"]) == (0, "not quarantined")
+    assert state_of(cfg) == {"record": None, "kmsg_seq": 800} and calls(tmp_path) == []
+
+
+def test_readmit_says_when_ray_does_not_start(tmp_path):
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path)
+    cfg["systemctl"] = recorder(tmp_path, "failing-systemctl", rc=5)
+    held(tmp_path, cfg, record=dict(HARDWARE_RECORD, **{"class": "transient", "check": "fabric_link"}))
+    code, out = agent.operator_readmit(cfg, 200, inputs())
+    assert (code, json.loads(out)["ray_started"]) == (1, False)
+    assert state_of(cfg)["record"] is None
+
+
+def test_the_readmit_command_line_prints_one_json_object_and_exits_3_when_refused(tmp_path, capsys, monkeypatch):
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path)
+    held(tmp_path, cfg, record=dict(HARDWARE_RECORD, **{"class": "transient", "check": "fabric_link"}))
+    (tmp_path / "health.json").write_text(json.dumps(cfg))
+    monkeypatch.setattr(agent, "readers", lambda config: inputs(addresses=()))
+    assert agent.main(["--config", str(tmp_path / "health.json"), "--readmit"]) == 3
+    result = json.loads(capsys.readouterr().out)
+    assert result["verdict"] == "refused" and result["findings"][0]["check"] == "fabric_address"

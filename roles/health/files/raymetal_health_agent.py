@@ -1,6 +1,6 @@
 """The node's health loop (issue 36): checks every interval, drains and stops Ray on a FAIL, re-admits.
 
-    raymetal_health_agent.py --config /etc/raymetal/health.json [--once]
+    raymetal_health_agent.py --config /etc/raymetal/health.json [--once | --readmit]
 
 Runs on every node without the controller and without Prometheus, as root under systemd
 (raymetal-health.service). Each round is ``node_round`` of raymetal_health.py (installed beside this
@@ -12,6 +12,11 @@ file: the same code as the acceptance role's node checks); what the round decide
 - ``readmit``: the Ray unit started again (a transient quarantine whose checks passed
   ``readmit_passes`` rounds in a row). A hardware quarantine is never lifted here.
 - ``report``: the head's own faults are logged and exported, never acted on.
+
+``--readmit`` is an operator's re-admission after a repair (playbooks/readmit.yml runs it with the loop
+stopped): the round's checks once; any FAIL refuses and keeps the record; otherwise the record is cleared
+and the Ray unit started. Prints one JSON object (``verdict``, ``findings``, ``record``); exits 0 when the
+node was admitted or was not quarantined, 3 when refused, 1 when Ray did not start.
 
 Every round writes the state file atomically and, where ``metrics_dir`` is set, a node_exporter
 textfile (``raymetal_health_quarantined``, ``raymetal_health_findings``, ``raymetal_health_round_timestamp``).
@@ -164,15 +169,47 @@ def one_round(config, now=None, read=None):
     return state, findings, action
 
 
+def operator_readmit(config, now=None, read=None):
+    """playbooks/readmit.yml: (exit code, what to print). The loop must be stopped meanwhile (a running loop
+    writes its own record back)."""
+    now = time.time() if now is None else now
+    state = load_json(config["state_path"], {"record": None, "kmsg_seq": -1})
+    record = state.get("record")
+    new, findings, verdict = health.operator_readmit(config, state, read or readers(config))
+    result = {"verdict": verdict, "record": record,
+              "findings": [f for f in findings if f["severity"] == "fail"]}
+    code = 3 if verdict == "refused" else 0
+    if verdict == "admitted":
+        write_atomic(config["state_path"], json.dumps(new, sort_keys=True) + "\n")
+        if config.get("metrics_dir"):
+            write_atomic(os.path.join(config["metrics_dir"], "raymetal_health.prom"), metrics(new, findings, now))
+        ok, out = readmit(config)
+        result["ray_started"] = ok
+        if not ok:
+            result["ray_error"] = out
+            code = 1
+        print("%s re-admitted by an operator (was %s, %s)%s" % (
+            config.get("host") or socket.gethostname(), record.get("class"), record.get("check"),
+            "" if ok else "; starting Ray failed: " + out), file=sys.stderr, flush=True)
+    return code, json.dumps(result, sort_keys=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--config", required=True)
-    parser.add_argument("--once", action="store_true", help="one round, then exit")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--once", action="store_true", help="one round, then exit")
+    mode.add_argument("--readmit", action="store_true",
+                      help="an operator's re-admission: the checks once, then the record cleared and Ray started")
     args = parser.parse_args(argv)
     config = load_json(args.config, None)
     if config is None:
         print("no configuration at %s" % args.config, file=sys.stderr)
         return 2
+    if args.readmit:
+        code, out = operator_readmit(config)
+        print(out, flush=True)
+        return code
     while True:
         started = time.monotonic()
         one_round(config)
