@@ -87,8 +87,9 @@ def _kmsg(path, after):
         return []
 
 
-def run(argv, timeout):
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+def run(argv, timeout, env=None):
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                          env=dict(os.environ, **env) if env else None)
     return proc.returncode, (proc.stdout + proc.stderr).strip()[-500:]
 
 
@@ -107,7 +108,8 @@ def quarantine(config, record):
     elif drain:
         rc, out = run([drain["python"], drain["script"], drain["dashboard_url"], drain["gcs"], config["address"],
                        drain["token_path"], str(drain.get("deadline_s", 60)), drain["ray_bin"],
-                       "raymetal health: %s" % record["finding"][:200]], timeout=int(drain.get("deadline_s", 60)) + 60)
+                       "raymetal health: %s" % record["finding"][:200]], timeout=int(drain.get("deadline_s", 60)) + 60,
+                      env=drain.get("env"))
         done["drain"] = "drained" if rc == 0 else "drain failed (rc %d): %s" % (rc, out)
     systemctl = config.get("systemctl", "systemctl")
     if record.get("check") in FABRIC_CHECKS:
