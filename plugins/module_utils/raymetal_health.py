@@ -367,6 +367,11 @@ def round_findings(config, state, read):
     return findings, records
 
 
+def last_seq(records, state):
+    """The kernel log cursor after a round: the last record read, or the state's where none was."""
+    return max([rec["seq"] for rec in records] + [state.get("kmsg_seq", -1)])
+
+
 def node_round(config, state, now, read):
     """One round of the node's health loop: (new state, the round's findings, the action).
 
@@ -386,7 +391,7 @@ def node_round(config, state, now, read):
     """
     findings, records = round_findings(config, state, read)
     record, action = next_state(state.get("record"), findings, now, int(config.get("readmit_passes", 4)))
-    seq = max([rec["seq"] for rec in records] + [state.get("kmsg_seq", -1)])
+    seq = last_seq(records, state)
     if record and action == "quarantine":
         record["kmsg_seq"] = seq
     if config.get("role") == "head" and action in ("quarantine", "worse"):
@@ -407,5 +412,5 @@ def operator_readmit(config, state, read):
     findings, records = round_findings(config, state, read)
     if any(f["severity"] == "fail" for f in findings):
         return state, findings, "refused"
-    seq = max([rec["seq"] for rec in records] + [state.get("kmsg_seq", -1)])
+    seq = last_seq(records, state)
     return {"record": None, "kmsg_seq": seq}, findings, "admitted"

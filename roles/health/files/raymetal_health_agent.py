@@ -148,6 +148,13 @@ def metrics(state, findings, now):
     return "\n".join(lines) + "\n"
 
 
+def save(config, state, findings, now):
+    """The state file, and the node_exporter textfile where metrics_dir is set, both written atomically."""
+    write_atomic(config["state_path"], json.dumps(state, sort_keys=True) + "\n")
+    if config.get("metrics_dir"):
+        write_atomic(os.path.join(config["metrics_dir"], "raymetal_health.prom"), metrics(state, findings, now))
+
+
 def one_round(config, now=None, read=None):
     """Run one round and carry out its action; returns (state, findings, action)."""
     now = time.time() if now is None else now
@@ -165,9 +172,7 @@ def one_round(config, now=None, read=None):
     elif action in ("worse", "report"):
         print("%s %s: %s" % (host, "is sick (the loop never stops the head)" if action == "report"
                              else "now has a hardware fault", "; ".join(f["message"] for f in findings)), flush=True)
-    write_atomic(config["state_path"], json.dumps(state, sort_keys=True) + "\n")
-    if config.get("metrics_dir"):
-        write_atomic(os.path.join(config["metrics_dir"], "raymetal_health.prom"), metrics(state, findings, now))
+    save(config, state, findings, now)
     return state, findings, action
 
 
@@ -182,9 +187,7 @@ def operator_readmit(config, now=None, read=None):
               "findings": [f for f in findings if f["severity"] == "fail"]}
     code = 3 if verdict == "refused" else 0
     if verdict == "admitted":
-        write_atomic(config["state_path"], json.dumps(new, sort_keys=True) + "\n")
-        if config.get("metrics_dir"):
-            write_atomic(os.path.join(config["metrics_dir"], "raymetal_health.prom"), metrics(new, findings, now))
+        save(config, new, findings, now)
         ok, out = readmit(config)
         result["ray_started"] = ok
         if not ok:
