@@ -376,8 +376,15 @@ start_node() {
   # seccomp/AppArmor filter, the host's cgroup tree (cgroup v1 hybrid here) and
   # tmpfs on /run; NET_ADMIN lets the node rename its fabric NIC to ib0 and
   # hold floating addresses.
+  # The lab's stand-in for a site's shared filesystem (no NFS client in this
+  # kernel, ../shared/testbed.md): one directory of this lab's, bind-mounted into
+  # every node at /srv/lab-shared; inventory/lab sets raymetal_shared_storage to
+  # mount it (a bind mount, Type=none) at the shared storage's path.
+  mkdir -p "$LAB_STATE/shared"
+  chmod 1777 "$LAB_STATE/shared"
   docker run -d --name "$name" --hostname "$name" \
     --label "io.raymetal.lab=$LAB_PREFIX" --label "io.raymetal.node=$node" \
+    -v "$LAB_STATE/shared:/srv/lab-shared" \
     --cap-add SYS_ADMIN --cap-add NET_ADMIN \
     --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
     --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw \

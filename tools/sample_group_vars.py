@@ -31,9 +31,37 @@ TOPICS = [
     ("firewall.yml", "Firewall", lambda role, name: role == "firewall"),
     ("acceptance.yml", "Acceptance (playbooks/acceptance.yml)", lambda role, name: role == "acceptance"),
     ("monitoring.yml", "Monitoring: Prometheus, node_exporter, alert rules", lambda role, name: role == "monitoring"),
+    ("shared_storage.yml", "Shared storage for Ray Train's checkpoints (raymetal_shared_storage)",
+     lambda role, name: role == "shared_storage"),
     ("health.yml", "The node health loop (a sick worker drained and stopped; the deploy passes the wired inputs)",
      lambda role, name: role == "health"),
 ]
+
+# What a topic says before its variables: the inventory-level names that several roles read.
+PREAMBLES = {
+    "shared_storage.yml": """\
+# The storage every node shares, where Ray Train and Tune keep checkpoints: one
+# dict, read by the shared_storage role (the mount), the ray role (Ray may write
+# there, RAYMETAL_STORAGE_PATH in every Ray process, its unit after the mount)
+# and acceptance (every node writes and reads it back). Absent or kind none:
+# nothing (a mount raymetal made before is unmounted; the data stays).
+# Kind mount, a site's shared filesystem at the same path on every node:
+#   source    what to mount (nfs01:/export/ray, mgs@o2ib:/lustre, ...)
+#   fstype    nfs, lustre, gpfs, ceph, ... (a systemd mount unit's Type=)
+#   options   mount options, comma-separated (default: defaults)
+#   path      where (default: /mnt/ray-shared)
+#   packages  client packages from the site's mirror (default: nfs-common for
+#             nfs, ceph-common for ceph; none for the others: name the vendor's)
+# The share must be writable by the Ray user (ray_user), with the same uid on
+# every node. See docs/storage.md.
+# raymetal_shared_storage:
+#   kind: mount
+#   source: nfs01:/export/ray
+#   fstype: nfs
+#   options: vers=4.2,hard,noatime
+
+""",
+}
 
 
 def options():
@@ -63,7 +91,7 @@ def render():
     for topic, title, _ in TOPICS:
         head = ("---\n# %s.\n# Generated from the roles' meta/argument_specs.yml by tools/sample_group_vars.py:\n"
                 "# every variable at its default, commented out. Uncomment what your site changes.\n" % title)
-        rendered[topic] = head + "\n" + "\n\n".join(files[topic]) + "\n"
+        rendered[topic] = head + "\n" + PREAMBLES.get(topic, "") + "\n\n".join(files[topic]) + "\n"
     return rendered
 
 

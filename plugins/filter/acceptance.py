@@ -147,6 +147,13 @@ def traffic_findings(nodes, traffic):
             by_host[host].append(_finding(item.get("severity", "fail"), kind, item.get("dst"),
                                           ("%s to %s: %s" % (kind, item["dst"], item["error"])) if item.get("dst")
                                           else "%s: %s" % (kind, item["error"])))
+        elif kind == "storage" and item.get("floor_mb_per_s"):
+            figures = (("write", "write_mb_per_s"), ("read", "read_mb_per_s"))
+            slow = ["%s %.1f MB/s" % (what, item[key]) for what, key in figures
+                    if item.get(key) is not None and item[key] < item["floor_mb_per_s"]]
+            if slow:
+                by_host[host].append(_finding("fail", kind, item.get("path"), "storage %s: %s, below %.1f MB/s" % (
+                    item.get("path"), ", ".join(slow), item["floor_mb_per_s"])))
         elif item.get("threshold_gbps") and (item.get("gbps") or 0) < item["threshold_gbps"]:
             by_host[host].append(_finding("fail", kind, item.get("dst"), "%s to %s %.2f Gb/s, below %.2f Gb/s" % (
                 kind, item.get("dst"), item.get("gbps") or 0, item["threshold_gbps"])))
@@ -198,6 +205,16 @@ def acceptance_report(nodes, pinned=None, fail_keys=None, traffic=None):
                 if item.get("ratio") is not None:
                     text += " (TCP %.1f MB/s, ratio %.2f)" % (item["tcp_mb_per_s"], item["ratio"])
                 sent.append(text)
+        storage = None
+        for item in traffic or []:
+            if item.get("src") == host and item.get("kind") == "storage":
+                storage = dict((k, item.get(k)) for k in ("path", "write_mb_per_s", "read_mb_per_s", "peer",
+                                                          "floor_mb_per_s", "error"))
+                if item.get("write_mb_per_s") is not None:
+                    text = "storage write %.1f MB/s" % item["write_mb_per_s"]
+                    if item.get("read_mb_per_s") is not None:
+                        text += ", read %.1f MB/s (%s's file)" % (item["read_mb_per_s"], item.get("peer"))
+                    sent.append(text)
         for item in traffic or []:
             if item.get("src") != host or item.get("kind") != "nccl":
                 continue
@@ -211,6 +228,8 @@ def acceptance_report(nodes, pinned=None, fail_keys=None, traffic=None):
             figures = ", ".join([figures] + sent)
         report["nodes"][host] = {"verdict": verdict, "findings": findings, "figures": figures,
                                  "versions": record.get("versions") or {}}
+        if storage is not None:
+            report["nodes"][host]["storage"] = storage
         report["summary"][verdict] += 1
         reasons = "; ".join(f["message"] for f in findings) if findings else figures
         report["lines"].append("%s: %s %s" % (host, verdict, reasons))
@@ -342,7 +361,7 @@ def rdma_ring_next(host, hosts, hostvars, key="__acceptance_rdma_device"):
 
 
 def acceptance_traffic(hosts, hostvars, keys=("__acceptance_traffic_items", "__acceptance_ray_items",
-                                              "__acceptance_nccl_items")):
+                                              "__acceptance_nccl_items", "__acceptance_storage_items")):
     """Every ring result the hosts recorded (a list per host under each of ``keys``), in host order."""
     items = []
     for key in [keys] if isinstance(keys, str) else keys:
@@ -521,6 +540,52 @@ def nccl_allreduce_items(res, hosts, hostvars, rdma_kinds=("infiniband", "roce")
     return items
 
 
+def storage_probe_result(text):
+    """The JSON object files/storage_probe.py printed ({} when there is none)."""
+    for line in reversed(str(text or "").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return {}
+
+
+def _probe_error(res, what):
+    """Why a registered probe run gave no figure ('' when it did)."""
+    if not isinstance(res, dict) or res.get("skipped"):
+        return ""
+    data = storage_probe_result(res.get("stdout"))
+    if data.get("error"):
+        return data["error"]
+    if res.get("rc") not in (0, None) or not data:
+        detail = (res.get("stderr") or res.get("msg") or "no output").strip().splitlines()
+        return "the %s step failed: %s" % (what, detail[-1] if detail else "no output")
+    return ""
+
+
+def storage_items(results, host, peer, path, floor_mb_per_s=0):
+    """One {kind: storage, src, path, peer, write_mb_per_s, read_mb_per_s, floor_mb_per_s, error} item from the
+    registered write and read runs of files/storage_probe.py on ``host`` (roles/acceptance/tasks/storage.yml)."""
+    write, read = (list(results or []) + [None, None])[:2]
+    item = {"kind": "storage", "src": host, "dst": None, "path": path, "peer": peer or None,
+            "write_mb_per_s": None, "read_mb_per_s": None, "floor_mb_per_s": float(floor_mb_per_s or 0),
+            "error": None}
+    error = _probe_error(write, "write")
+    if error:
+        item["error"] = error
+        return [item]
+    item["write_mb_per_s"] = storage_probe_result(write.get("stdout")).get("write_mb_per_s")
+    error = _probe_error(read, "read")
+    data = storage_probe_result((read or {}).get("stdout")) if isinstance(read, dict) else {}
+    item["read_mb_per_s"] = data.get("read_mb_per_s")
+    item["error"] = error or None
+    return [item]
+
+
 def ring_pairs(hosts):
     """[(sender, receiver)]: each host sends to the next, the last to the first (none for one host)."""
     hosts = list(hosts or [])
@@ -542,6 +607,8 @@ class FilterModule:
 
     def filters(self):
         return {
+            "storage_probe_result": storage_probe_result,
+            "storage_items": storage_items,
             "acceptance_nodes": acceptance_nodes,
             "acceptance_report": acceptance_report,
             "ring_next": ring_next,

@@ -84,8 +84,18 @@ def test_healthy_lab_passes_with_a_json_report_and_iperf3_figures(first_report, 
     note = "NCCL all-reduce not run: no alive Ray node offers a GPU (Ray's GPU resource)"
     assert nccl == [{"kind": "nccl", "src": labkit.HEAD, "dst": None, "note": note}], nccl
     assert report["nodes"][labkit.HEAD]["figures"].endswith(note)
+    # The shared storage (inventory/lab mounts the lab's shared directory): every node wrote, read back the next
+    # node's file (its digest matched) and saw every node's file.
+    storage = [t for t in report["traffic"] if t["kind"] == "storage"]
+    assert sorted(t["src"] for t in storage) == sorted(lab) and sorted(t["peer"] for t in storage) == sorted(lab)
+    for name in lab:
+        entry = report["nodes"][name]["storage"]
+        assert entry["path"] == "/mnt/ray-shared" and entry["error"] is None, entry
+        assert entry["write_mb_per_s"] > entry["floor_mb_per_s"] == 20.0 and entry["read_mb_per_s"] > 20.0, entry
+        assert re.search(r"storage write [0-9.]+ MB/s, read [0-9.]+ MB/s \(%s's file\)" % re.escape(entry["peer"]),
+                         report["nodes"][name]["figures"]), report["nodes"][name]["figures"]
     for item in report["traffic"]:
-        if item["kind"] == "nccl":
+        if item["kind"] in ("nccl", "storage"):
             continue
         assert item["error"] is None, item
         figures = report["nodes"][item["src"]]["figures"]

@@ -1,0 +1,148 @@
+"""Shared storage on the lab (issue 40, kind mount): the lab's stand-in for a site's NFS.
+
+The lab host's kernel has no NFS client (../shared/testbed.md), so lab/lab.sh bind-mounts one host directory into
+every node at /srv/lab-shared and inventory/lab sets raymetal_shared_storage to mount it at /mnt/ray-shared with
+the same systemd mount unit a site's filesystem gets (fstype none, options bind). The deployed lab (the session's
+cluster fixture) is checked for: the unit mounted and enabled on every node, Ray's unit ordered after it and given
+its path, a file written by a Ray task on one worker read back by a task on the other (through Ray's hardened
+unit: ProtectSystem=strict with the path writable); acceptance failing every node on a directory local to each; the
+role switched off on one worker unmounting and removing only its own unit, the data staying, and back on.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from tests.lab import labkit
+
+HEAD, WORKER1, WORKER2 = labkit.HEAD, labkit.WORKER1, labkit.WORKER2
+PATH = "/mnt/ray-shared"
+UNIT = "mnt-ray\\x2dshared.mount"
+RAY_ENV = "set -a; . /etc/ray/ray.env; set +a"
+
+# A task pinned on each given node: the first writes a file through the shared storage, the others read it back.
+WRITE_READ = '''
+import os, sys, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+ips, text = sys.argv[2].split(","), sys.argv[3]
+nodes = dict((n["NodeManagerAddress"], n["NodeID"]) for n in ray.nodes() if n["Alive"])
+
+@ray.remote(num_cpus=0)
+def write(text):
+    path = os.path.join(os.environ["RAYMETAL_STORAGE_PATH"], "labtest-" + text)
+    with open(path, "w") as out:
+        out.write(text)
+    return path
+
+@ray.remote(num_cpus=0)
+def read(path):
+    with open(path) as handle:
+        return handle.read()
+
+def on(ip):
+    return NodeAffinitySchedulingStrategy(nodes[ip], soft=False)
+
+path = ray.get(write.options(scheduling_strategy=on(ips[0])).remote(text), timeout=60)
+print("READ " + " ".join(ray.get([read.options(scheduling_strategy=on(ip)).remote(path) for ip in ips[1:]], timeout=60)))
+'''
+
+
+def write_then_read(lab, writer, readers):
+    """A Ray job from the head: a task on ``writer`` writes a new file through the shared storage, tasks on each of
+    ``readers`` read it back; returns (the marker, the job's output)."""
+    marker = uuid.uuid4().hex
+    ips = ",".join(lab[name]["lab_fabric_ip"] for name in [writer] + readers)
+    labkit.sh(HEAD, f"mkdir -p /var/tmp/raymetal-storage-test && cat > /var/tmp/raymetal-storage-test/job.py <<'EOF'\n"
+                    f"{WRITE_READ}\nEOF")
+    job = labkit.sh(HEAD, f"{RAY_ENV}; cd /var/tmp/raymetal-storage-test && timeout 120 /opt/ray/venv/bin/python job.py "
+                          f"{lab[HEAD]['lab_fabric_ip']}:6379 {ips} {marker}", check=False, timeout=150)
+    return marker, job.stdout + job.stderr
+
+
+def test_every_node_mounts_the_storage_and_ray_writes_and_reads_it_across_nodes(cluster, lab):
+    assert cluster["storage_path"] == PATH, cluster
+    for name in lab:
+        unit = labkit.sh(name, f"systemctl show -p ActiveState -p UnitFileState '{UNIT}'").stdout
+        assert "ActiveState=active" in unit and "UnitFileState=enabled" in unit, (name, unit)
+        written = labkit.sh(name, f"systemctl cat '{UNIT}'").stdout.splitlines()
+        assert written[1] == "# raymetal shared storage", written
+        assert {"What=/srv/lab-shared", f"Where={PATH}", "Type=none", "Options=bind"} <= set(written), written
+        assert labkit.sh(name, f"findmnt -n -o TARGET --mountpoint {PATH}").stdout.strip() == PATH, name
+        assert f"RAYMETAL_STORAGE_PATH={PATH}" in labkit.sh(name, "cat /etc/ray/ray.env").stdout.splitlines(), name
+        # Ray's unit comes after the mount (at boot it never writes under an empty mount point) and wants it.
+        ray_unit = labkit.unit_of(lab, name)
+        wants = labkit.sh(name, f"systemctl list-dependencies --plain {ray_unit}").stdout.split()
+        after = labkit.sh(name, f"systemctl list-dependencies --after --plain {ray_unit}").stdout.split()
+        assert UNIT in wants and UNIT in after, (name, wants, after)
+    marker, output = write_then_read(lab, WORKER1, [WORKER2, HEAD])
+    assert f"READ {marker} {marker}" in output, output[-3000:]
+    # One filesystem: the file a task on worker1 wrote is on the lab's shared directory, owned by Ray's user.
+    listing = labkit.sh(WORKER2, f"stat -c '%U %a %s' {PATH}/labtest-{marker}").stdout.split()
+    assert listing == ["ray", "640", "32"], listing
+    labkit.sh(HEAD, f"rm -f {PATH}/labtest-{marker}; rm -rf /var/tmp/raymetal-storage-test")
+
+
+def test_acceptance_fails_every_node_when_the_path_is_local_to_each(cluster, lab):
+    local = "/var/tmp/raymetal-not-shared"
+    try:
+        rc, out, _ = labkit.run_playbook(
+            "playbooks/acceptance.yml", labkit.LAB_INVENTORY, "-e", f"acceptance_storage_path={local}",
+            "-e", "acceptance_traffic=false", "-e", "acceptance_ray_object=false",
+            "-e", "acceptance_nccl_allreduce=false")
+        assert rc != 0, out[-4000:]
+        reports = sorted((labkit.LAB_INVENTORY / "acceptance").glob("acceptance-*.json"))
+        report = json.loads(reports[-1].read_text())
+        for name in lab:
+            node = report["nodes"][name]
+            assert node["verdict"] == "FAIL", report["lines"]
+            assert node["storage"]["path"] == local and "not one filesystem" in node["storage"]["error"], node
+            # It wrote (the figure is there) but saw nobody else's file.
+            assert node["storage"]["write_mb_per_s"] > 0, node
+        assert "not one filesystem" in out
+    finally:
+        for name in lab:
+            labkit.sh(name, f"rm -rf {local}", check=False)
+
+
+def test_switched_off_it_unmounts_only_raymetal_s_unit_keeps_the_data_and_mounts_again(cluster, lab, tmp_path):
+    play = tmp_path / "storage.yml"
+    play.write_text(f"""---
+- name: The shared_storage role alone on {WORKER2}
+  hosts: {WORKER2}
+  gather_facts: false
+  become: true
+  roles:
+    - raymetal.cluster.shared_storage
+""")
+    kept = f"{PATH}/labtest-kept-{uuid.uuid4().hex}"
+    labkit.sh(HEAD, f"echo kept > {kept}")
+    # A mount unit of the site's own, without raymetal's marker: switching off leaves it alone.
+    labkit.sh(WORKER2, "mkdir -p /srv/site-own && printf '[Mount]\\nWhat=/srv/lab-shared\\nWhere=/srv/site-own\\n"
+                       "Type=none\\nOptions=bind\\n' > /etc/systemd/system/srv-site\\\\x2down.mount && "
+                       "systemctl daemon-reload && systemctl start 'srv-site\\x2down.mount'")
+    try:
+        rc, out, stats = labkit.run_playbook(str(play), labkit.LAB_INVENTORY,
+                                             "-e", json.dumps({"raymetal_shared_storage": {"kind": "none"}}))
+        assert rc == 0 and stats[WORKER2]["changed"] > 0, out[-4000:]
+        assert labkit.sh(WORKER2, f"findmnt --mountpoint {PATH}", check=False).returncode == 1
+        assert labkit.sh(WORKER2, f"test -e '/etc/systemd/system/{UNIT}'", check=False).returncode == 1
+        assert labkit.sh(WORKER2, "findmnt -n -o TARGET --mountpoint /srv/site-own").stdout.strip() == "/srv/site-own"
+        # The data stays where it lives: the head still reads it through its own mount.
+        assert labkit.sh(HEAD, f"cat {kept}").stdout.strip() == "kept"
+
+        rc, out, stats = labkit.run_playbook(str(play), labkit.LAB_INVENTORY)
+        assert rc == 0, out[-4000:]
+        assert labkit.sh(WORKER2, f"cat {kept}").stdout.strip() == "kept"
+        rc, out, stats = labkit.run_playbook(str(play), labkit.LAB_INVENTORY)
+        assert rc == 0 and stats[WORKER2]["changed"] == 0, (stats, out[-4000:])
+        # Ray on worker2, started before the remount, writes through the new mount (its namespace sees it rw).
+        marker, output = write_then_read(lab, WORKER2, [WORKER1])
+        assert f"READ {marker}" in output, output[-3000:]
+        labkit.sh(HEAD, f"rm -f {PATH}/labtest-{marker}; rm -rf /var/tmp/raymetal-storage-test")
+    finally:
+        labkit.sh(WORKER2, "systemctl stop 'srv-site\\x2down.mount'; rm -f '/etc/systemd/system/srv-site\\x2down.mount'; "
+                           "rmdir /srv/site-own; systemctl daemon-reload", check=False)
+        labkit.sh(HEAD, f"rm -f {kept}", check=False)
+        labkit.run_playbook(str(play), labkit.LAB_INVENTORY)
