@@ -13,6 +13,8 @@ removed everywhere, and the lab is as the other tests expect it.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 from tests.lab import labkit
@@ -138,6 +140,17 @@ def test_a_worker_off_the_fabric_is_quarantined_and_comes_back_by_itself(cluster
         assert state(WORKER1)["record"]["class"] == "hardware"
         assert labkit.sh(WORKER1, "stat -c %Y /var/lib/raymetal/applied.json").stdout == applied_before
         assert labkit.invocation_ids(lab, [HEAD, WORKER2]) == others
+        # status.yml names it quarantined, with the record's class and check, not missing, and fails (2, all that
+        # ansible-playbook has); `python -m raymetal status` tells the case apart by its exit status, 3.
+        rc, out, _ = labkit.run_playbook("playbooks/status.yml", inventory)
+        flat = " ".join(out.split())
+        assert rc == 2 and "1 worker(s) quarantined by the health loop" in flat, out[-6000:]
+        assert f"{WORKER1}: quarantined by the health loop (hardware, gpu_xid)" in flat, out[-6000:]
+        assert "not an ALIVE Ray node:" not in flat and "Out of the cluster (Ray stopped there" in flat, out[-6000:]
+        cli = subprocess.run([sys.executable, "-m", "raymetal", "status", "-i", str(inventory)], capture_output=True,
+                             text=True, cwd=labkit.ROOT, env=labkit.ansible_env(), timeout=300)
+        assert cli.returncode == 3, (cli.returncode, cli.stdout[-3000:], cli.stderr[-3000:])
+        assert f"{WORKER1}: quarantined by the health loop (hardware, gpu_xid)" in cli.stdout, cli.stdout
 
         # The operator's re-admission (playbooks/readmit.yml). Refused while a check still fails (the lab has no GPU
         # to stay broken: ib0 down stands in for the fault that remains): the record and Ray's stop are kept.

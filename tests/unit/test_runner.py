@@ -189,3 +189,39 @@ def test_status_reports_a_degraded_cluster_unless_all_must_be_alive(tmp_path, in
         runner.status(inventory, require_all_alive=True)
     assert err.value.rc == 2
     assert err.value.failures[0]["msg"] == "1 inventory host(s) not an ALIVE Ray node: worker1"
+
+
+def published(cluster: str) -> str:
+    """A status playbook that publishes ``cluster`` (a YAML flow mapping) as the ray_cluster fact."""
+    return PUBLISH.replace('{nodes_alive: "{{ nodes | int }}", ray_version: "2.60.0"}', cluster)
+
+
+@pytest.mark.parametrize("cluster, code, line", [
+    ('{nodes_alive: 3, address: "http://h:8265", missing: [], left_out: {}}', 0, "3 node(s) alive at http://h:8265"),
+    ('{nodes_alive: 2, missing: [worker2], left_out: {}}', 2, "worker2: not an ALIVE Ray node"),
+    ('{nodes_alive: 2, missing: [], left_out: {worker1: "quarantined by the health loop (hardware, gpu_xid): Xid 79"}}',
+     3, "worker1: quarantined by the health loop (hardware, gpu_xid): Xid 79"),
+    # A missing node outranks a quarantined one: the script has to look at the cluster either way.
+    ('{nodes_alive: 1, missing: [worker2], left_out: {worker1: "quarantined by the health loop (transient, fabric_link): x"}}',
+     2, "worker1: quarantined by the health loop (transient, fabric_link): x"),
+    # Left out by the acceptance gate, not quarantined: not this command's business (status.yml counts it alive or not).
+    ('{nodes_alive: 2, missing: [], left_out: {worker2: "acceptance gate: FAIL"}}', 0, "worker2: acceptance gate: FAIL"),
+])
+def test_the_status_command_tells_quarantined_from_missing_by_its_exit_status(tmp_path, inventory, monkeypatch, capsys,
+                                                                               cluster, code, line):
+    from raymetal import __main__ as cli
+
+    monkeypatch.setattr(runner, "STATUS_PLAYBOOK", playbook(tmp_path, published(cluster)))
+    assert cli.main(["status", "-i", inventory]) == code
+    assert line in capsys.readouterr().out.splitlines()
+
+
+def test_the_status_command_exits_4_when_the_head_is_unreachable(tmp_path, monkeypatch, capsys):
+    from raymetal import __main__ as cli
+
+    path = tmp_path / "hosts.yml"
+    path.write_text(INVENTORY.replace("head1: {ansible_connection: local, ansible_python_interpreter: \"{{ ansible_playbook_python }}\"}",
+                                      "head1: {ansible_connection: ssh, ansible_host: 127.0.0.1, ansible_port: 1}"))
+    monkeypatch.setattr(runner, "STATUS_PLAYBOOK", playbook(tmp_path, UNREACHABLE.replace("ray_cluster", "ray_head")))
+    assert cli.main(["status", "-i", str(path)]) == 4
+    assert "raymetal status:" in capsys.readouterr().err
