@@ -57,6 +57,10 @@ RAY_VERSION=${RAY_VERSION:-2.60.0}
 # (hard links) plus that version's wheels, in wheelhouse-ray-VERSION.
 LAB_OLD_RAY_VERSION=${LAB_OLD_RAY_VERSION:-2.59.0}
 NCCL_WHEEL=${NCCL_WHEEL:-nvidia-nccl-cu12==2.32.3}
+# Ray's extras in the lab's wheelhouse, as inventory/lab's ray_pip_extras asks:
+# train brings pyarrow, which Ray Train needs to checkpoint to the shared
+# storage (tests/lab/test_storage.py runs a training job).
+LAB_RAY_EXTRAS=${LAB_RAY_EXTRAS:-default,train}
 PIP=${PIP:-$ROOT/.venv/bin/pip}
 # Directories whose file listing is recorded on each new node (LAB_STATE/NAME.fresh-files).
 LAB_LISTED_DIRS="/etc /opt /var/cache /var/lib /usr/local"
@@ -290,24 +294,24 @@ cmd_image() {
   while read -r release; do build_image "$release" "$(image_for_release "$release")"; done < <(lab_releases)
 }
 
-# ray[default]==VERSION with its dependencies for each release's Python into
+# ray[LAB_RAY_EXTRAS]==VERSION with its dependencies for each release's Python into
 # DIR, side by side, once per Python (a stamp file marks each as complete).
 # ray_for_releases DIR VERSION [WHY]
 ray_for_releases() {
-  local dir=$1 version=$2 why=${3:-} release python
+  local dir=$1 version=$2 why=${3:-} release python extras=${LAB_RAY_EXTRAS//,/-}
   while read -r release; do
     check_release "$release"
     python=${RELEASE_PYTHON[$release]}
-    if [[ -f $dir/.complete-ray-$version-py$python ]]; then
+    if [[ -f $dir/.complete-ray-$extras-$version-py$python ]]; then
       log "wheelhouse for ray $version on Python $python ($release) is cached in $dir"
       continue
     fi
-    log "downloading ray[default]==$version and its dependencies for Python $python ($release) into $dir$why"
+    log "downloading ray[$LAB_RAY_EXTRAS]==$version and its dependencies for Python $python ($release) into $dir$why"
     # The same builder as playbooks/wheelhouse.yml.
     "$(dirname "$PIP")/python" "$ROOT/roles/ray/files/ray_wheelhouse.py" --dest "$dir" --python-version "$python" \
-      --node-glibc "${RELEASE_GLIBC[$release]}" "ray[default]==$version" >/dev/null \
-      || die "downloading ray[default]==$version for Python $python into $dir failed (see the message above)"
-    touch "$dir/.complete-ray-$version-py$python"
+      --node-glibc "${RELEASE_GLIBC[$release]}" "ray[$LAB_RAY_EXTRAS]==$version" >/dev/null \
+      || die "downloading ray[$LAB_RAY_EXTRAS]==$version for Python $python into $dir failed (see the message above)"
+    touch "$dir/.complete-ray-$extras-$version-py$python"
   done < <(lab_releases)
 }
 

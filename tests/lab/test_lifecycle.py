@@ -130,7 +130,7 @@ def test_upgrade_to_a_version_missing_from_the_wheelhouse_leaves_the_cluster_run
     assert "No matching distribution" not in out, out
     # One message names the variable, the version and the wheelhouse (read across the callback's line breaks).
     flat = " ".join(out.split())
-    assert f"can install for ray[default]=={MISSING_VERSION} (it holds ray " in flat, out
+    assert f"can install for ray[default,train]=={MISSING_VERSION} (it holds ray " in flat, out
     assert "set ray_version to one it holds" in flat, out
     # Nothing stopped, nothing restarted, nothing rewritten.
     assert running_ray(lab) == before

@@ -6,13 +6,18 @@ the same systemd mount unit a site's filesystem gets (fstype none, options bind)
 cluster fixture) is checked for: the unit mounted and enabled on every node, Ray's unit ordered after it and given
 its path, a file written by a Ray task on one worker read back by a task on the other (through Ray's hardened
 unit: ProtectSystem=strict with the path writable); acceptance failing every node on a directory local to each; the
-role switched off on one worker unmounting and removing only its own unit, the data staying, and back on.
+role switched off on one worker unmounting and removing only its own unit, the data staying, and back on; and a
+Ray Train run (tests/lab/train_resume.py, two workers on two nodes) that checkpoints to RAYMETAL_STORAGE_PATH,
+loses a worker node (docker restart -t 0: killed, then booted again) and resumes from its last checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import uuid
+from pathlib import Path
 
 from tests.lab import labkit
 
@@ -76,6 +81,11 @@ def test_every_node_mounts_the_storage_and_ray_writes_and_reads_it_across_nodes(
         wants = labkit.sh(name, f"systemctl list-dependencies --plain {ray_unit}").stdout.split()
         after = labkit.sh(name, f"systemctl list-dependencies --after --plain {ray_unit}").stdout.split()
         assert UNIT in wants and UNIT in after, (name, wants, after)
+        # And what a boot starts has no ordering cycle: systemd would break it by dropping a job, any one (a mount
+        # unit ordered after the network once dropped the lab's unit that names the fabric NIC, so Ray never started
+        # after a reboot). A container loses that boot message (no /dev/kmsg before journald): systemd-analyze sees it.
+        verify = labkit.sh(name, "systemd-analyze verify multi-user.target 2>&1", check=False).stdout
+        assert "ordering cycle" not in verify, (name, [line for line in verify.splitlines() if "cycle" in line])
     marker, output = write_then_read(lab, WORKER1, [WORKER2, HEAD])
     assert f"READ {marker} {marker}" in output, output[-3000:]
     # One filesystem: the file a task on worker1 wrote is on the lab's shared directory, owned by Ray's user.
@@ -146,3 +156,53 @@ def test_switched_off_it_unmounts_only_raymetal_s_unit_keeps_the_data_and_mounts
                            "rmdir /srv/site-own; systemctl daemon-reload", check=False)
         labkit.sh(HEAD, f"rm -f {kept}", check=False)
         labkit.run_playbook(str(play), labkit.LAB_INVENTORY)
+
+
+def test_a_ray_train_run_resumes_from_its_checkpoint_after_a_worker_node_dies(cluster, lab):
+    name = "labtest-" + uuid.uuid4().hex[:8]
+    work = "/var/tmp/raymetal-storage-test"
+    script = (Path(__file__).parent / "train_resume.py").read_text()
+    labkit.sh(HEAD, f"mkdir -p {work} && cat > {work}/train_resume.py <<'EOF'\n{script}\nEOF")
+    # The driver on the head, as a user's job would run (Ray's venv, its environment, the token).
+    labkit.sh(HEAD, f"{RAY_ENV}; export RAY_ADDRESS={lab[HEAD]['lab_fabric_ip']}:6379; cd {work} && "
+                    f"nohup timeout 600 /opt/ray/venv/bin/python train_resume.py {name} 16 2 > train.out 2>&1 &")
+
+    def output():
+        return labkit.sh(HEAD, f"cat {work}/train.out", check=False).stdout
+
+    try:
+        labkit.wait_until(lambda: re.search(r"^.*STEP 3$", output(), re.M), 240, 2, "the run's checkpoint of step 3")
+        first = output()
+        ranks = dict(re.findall(r"RANK (\d) START 0 NODE ([0-9.]+)", first))
+        assert len(set(ranks.values())) == 2, first[-3000:]
+        by_ip = dict((lab[n]["lab_fabric_ip"], n) for n in lab)
+        victim = next(by_ip[ip] for ip in sorted(ranks.values()) if by_ip[ip] != HEAD)
+        done_before = max(int(n) for n in re.findall(r"STEP (\d+)$", first, re.M))
+        # The node dies (no stop, no drain: SIGKILL to the container) and boots again.
+        since = labkit.sh(victim, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
+        subprocess.run(["docker", "restart", "-t", "0", victim], check=True, capture_output=True, timeout=120)
+        labkit.wait_until(lambda: labkit.sh(HEAD, "pgrep -f 'train_resum[e].py'", check=False).returncode == 1, 420, 3,
+                          "the run to end")
+        text = output()
+        assert "RESULT " in text, text[-5000:]
+        resumed = [int(s) for s in re.findall(r"RANK \d START (\d+) NODE", text) if int(s) > 0]
+        # Restarted by Ray Train's failure handling, every rank starts from the last checkpoint's next step, which is
+        # at least the one rank 0 had reported before the kill: not from 0.
+        assert resumed and len(set(resumed)) == 1 and resumed[0] >= done_before + 1, (done_before, text[-5000:])
+        metrics = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
+        assert metrics == {"step": 15, "start": resumed[0]}, metrics
+        # The checkpoints are on the shared storage, where every node reads them.
+        checkpoint = text.split("CHECKPOINT ", 1)[1].splitlines()[0]
+        assert checkpoint.startswith(f"{PATH}/train/{name}/checkpoint_"), checkpoint
+        assert json.loads(labkit.sh(WORKER2 if victim != WORKER2 else WORKER1,
+                                    f"cat {checkpoint}/state.json").stdout) == {"step": 15}
+        # Its boot mounted the storage again, and Ray came back.
+        labkit.wait_until(lambda: lab[victim]["lab_fabric_ip"] in labkit.alive_ips(lab), 240, 3, f"{victim} ALIVE again")
+        boot = labkit.sh(victim, f"journalctl --no-pager -o cat --since '{since}'").stdout
+        assert "Mounted mnt-ray\\x2dshared.mount" in boot, boot[-3000:]
+        print(f"\ntraining run: rank 0 had checkpointed step {done_before} when {victim} was killed; "
+              f"resumed at step {resumed[0]}")
+    finally:
+        labkit.sh(HEAD, f"pkill -f 'train_resum[e].py'; rm -rf {PATH}/train/{name} {work}", check=False)
+        # The killed node is back in the cluster before the next test.
+        labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, 3, "every node ALIVE again")
