@@ -23,10 +23,12 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location(
-    "raymetal_health", os.path.join(HERE, "..", "plugins", "module_utils", "raymetal_health.py"))
-health = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(health)
+# The health module and the PCI scan as tools/gpu_health_round.py loads them (one copy of each).
+spec = importlib.util.spec_from_file_location("gpu_health_round", os.path.join(HERE, "gpu_health_round.py"))
+gpu_health_round = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_health_round)
+health = gpu_health_round.health
+gpus_on_bus = gpu_health_round.gpus_on_bus
 
 LOAD = r'''
 import json, sys, time, torch
@@ -48,20 +50,6 @@ print(json.dumps({"gpu": gpu, "products": count, "seconds": round(elapsed, 1),
 
 
 TELEMETRY = ("temperature.gpu", "power.draw", "clocks.sm", "utilization.gpu", "clocks_event_reasons.active")
-
-
-def gpus_on_bus():
-    base = "/sys/bus/pci/devices"
-    found = []
-    for name in sorted(os.listdir(base)):
-        try:
-            vendor = open(os.path.join(base, name, "vendor")).read().strip()
-            klass = open(os.path.join(base, name, "class")).read().strip()
-        except OSError:
-            continue
-        if vendor == "0x10de" and klass.startswith("0x03"):
-            found.append(name)
-    return found
 
 
 def main():
