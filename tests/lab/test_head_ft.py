@@ -64,6 +64,18 @@ def raylet_pids(lab, names):
     return {name: labkit.sh(name, "pgrep -x raylet").stdout.split() for name in names}
 
 
+# The head's TLS client for Redis, as Ray's processes use it.
+HEAD_CLIENT = ("-CAfile /etc/ray/redis-tls/ca.crt -cert /etc/ray/redis-tls/client.crt "
+               "-key /etc/ray/redis-tls/client.key")
+
+
+def redis_tls(name, ip, command, options):
+    """One Redis command over TLS from a lab node (openssl s_client: redis-cli is not on the head)."""
+    return labkit.sh(name, f"printf '{command}\\r\\n' | timeout 10 openssl s_client -quiet "
+                           f"-connect {ip}:6390 {options} 2>&1 | grep -v '^depth=\\|^verify return'",
+                     check=False).stdout
+
+
 def redis_inventory(tmp_path):
     """The lab's inventory with Redis on worker2 (group ray_gcs_redis), away from the head."""
     inventory = labkit.inventory_copy(tmp_path)
@@ -89,19 +101,23 @@ def test_with_gcs_fault_tolerance_a_head_restart_restarts_no_worker_and_keeps_a_
             if kind == "rocksdb":
                 assert "RAY_gcs_storage=rocksdb" in env and "RAY_gcs_storage_path=/var/lib/ray/gcs" in env, env
             else:
-                assert f"RAY_REDIS_ADDRESS={redis_ip}:6390" in env and "RAY_external_storage_namespace=raymetal-2.60.0" in env
+                assert f"RAY_REDIS_ADDRESS=rediss://{redis_ip}:6390" in env and "RAY_external_storage_namespace=raymetal-2.60.0" in env
+                assert "RAY_REDIS_CLIENT_KEY=/etc/ray/redis-tls/client.key" in env and not [e for e in env if "PASSWORD" in e]
                 assert "RAY_gcs_storage=rocksdb" not in env
                 # Switched from rocksdb: its store is gone (a later switch back must not reload that state).
                 assert labkit.sh(HEAD, "test -e /var/lib/ray/gcs", check=False).returncode == 1
-                # Redis on worker2's fabric address, with a password, reachable from the head only.
+                # Redis on worker2's fabric address, over TLS only, reachable from the head only.
                 listening = labkit.sh(labkit.WORKER2, "ss -ltnH 'sport = :6390'").stdout
                 assert [line.split()[3] for line in listening.splitlines() if line.strip()] == [f"{redis_ip}:6390"], listening
                 assert labkit.probe_from(HEAD, redis_ip, 6390) == "open"
                 assert labkit.probe_from(labkit.WORKER1, redis_ip, 6390) == "timeout"
-                assert labkit.sh(labkit.WORKER2, f"redis-cli -h {redis_ip} -p 6390 ping").stdout.strip().startswith("NOAUTH")
-                # The password shows in no diff and no -v output (the head's ray.env, Redis's configuration).
-                password = (inventory / "credentials" / "ray_gcs_redis_password").read_text().strip()
-                assert len(password) == 64 and password not in out
+                # A client without the head's certificate is refused in the handshake, even one that trusts Redis's CA.
+                refused = redis_tls(labkit.WORKER2, redis_ip, "PING", "-CAfile /etc/redis/raymetal-gcs-tls/ca.crt")
+                assert "+PONG" not in refused and "certificate required" in refused, refused
+                # The head's client key shows in no diff and no -v output.
+                key = (inventory / "credentials" / "gcs_redis_tls" / "client.key").read_text()
+                body = "".join(line for line in key.splitlines() if not line.startswith("-----"))
+                assert len(body) > 40 and body[:40] not in out
             for name in workers:
                 assert "RAY_gcs_rpc_server_reconnect_timeout_s=300" in labkit.sh(name, "cat /etc/ray/ray.env").stdout
             labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, interval=3, what="every node alive")
@@ -109,9 +125,15 @@ def test_with_gcs_fault_tolerance_a_head_restart_restarts_no_worker_and_keeps_a_
                 # Ray writes its store there (RocksDB files and the session-name marker).
                 assert labkit.sh(HEAD, "ls /var/lib/ray/gcs").stdout.split(), "the GCS store is empty"
             else:
-                keys = labkit.sh(labkit.WORKER2, f"REDISCLI_AUTH=$(sed -n 's/^requirepass //p' /etc/redis/raymetal-gcs.conf) "
-                                                 f"redis-cli -h {redis_ip} -p 6390 dbsize").stdout.strip()
-                assert keys.isdigit() and int(keys) > 0, keys
+                # The GCS keeps its tables there (asked with the head's client certificate).
+                keys = redis_tls(HEAD, redis_ip, "DBSIZE", HEAD_CLIENT).strip().splitlines()[-1]
+                assert keys.startswith(":") and int(keys[1:]) > 0, keys
+                # No secret on any command line, for any user of any node (Ray passed a Redis password as an argument).
+                token = (inventory / "credentials" / "ray_auth_token").read_text().strip()
+                for name in lab:
+                    args = labkit.sh(name, "runuser -u nobody -- ps -eo args").stdout
+                    assert "--redis_enable_ssl=true" in args or name != HEAD, args[-2000:]
+                    assert "password" not in args.lower() and token not in args, (name, args[-2000:])
 
             labkit.sh(HEAD, f"cat > /tmp/ft_counter.py <<'EOF'\n{COUNTER}\nEOF")
             count, where, pid = counter(lab, "create", worker1_ip)

@@ -6,6 +6,7 @@ import configparser
 import re
 import pathlib
 
+import jinja2
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -96,7 +97,34 @@ def test_every_secret_variable_is_no_log_in_its_argument_spec():
                 if SECRET_NAME.search(name):
                     secrets.append(name)
                     assert option.get("no_log") is True, (spec_path.parent.parent.name, name)
-    assert "ray_auth_token" in secrets and "ray_gcs_redis_password" in secrets
+    assert "ray_auth_token" in secrets and "monitoring_grafana_admin_password" in secrets
+
+
+def _render(path, **values):
+    env = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined)
+    return env.from_string((ROOT / path).read_text()).render(values)
+
+
+def test_redis_admits_the_head_by_its_certificate_and_no_password_reaches_a_command_line():
+    """Ray put Redis's password on the command line of the GCS, the raylet and every worker of the head (issue 35):
+    Redis now takes TLS client certificates, and neither the unit nor ray.env carries a password."""
+    conf = _render("roles/gcs_redis/templates/raymetal-gcs.conf.j2", ansible_managed="m", gcs_redis_bind_address="10.1.0.3",
+                   gcs_redis_port=6390, __gcs_redis_tls_dir="/etc/redis/raymetal-gcs-tls", gcs_redis_appendfsync="everysec",
+                   __gcs_redis_data_dir="/var/lib/redis", gcs_redis_maxmemory=0)
+    lines = [line for line in conf.splitlines() if line and not line.startswith("#")]
+    assert "port 0" in lines and "tls-port 6390" in lines and "tls-auth-clients yes" in lines
+    # Protected mode is off only because a client certificate is required (it refuses every non-loopback client
+    # of a Redis without a password).
+    assert "protected-mode no" in lines and "bind 10.1.0.3" in lines
+    assert "tls-ca-cert-file /etc/redis/raymetal-gcs-tls/ca.crt" in lines
+    assert not [line for line in lines if line.startswith(("requirepass", "masterauth"))], lines
+    unit = (ROOT / "roles" / "ray" / "templates" / "ray.service.j2").read_text()
+    assert "redis-password" not in unit and "REDIS_PASSWORD" not in unit
+    env = (ROOT / "roles" / "ray" / "templates" / "ray.env.j2").read_text()
+    assert "RAY_REDIS_PASSWORD" not in env
+    assert "RAY_REDIS_ADDRESS=rediss://{{ ray_gcs_redis_address }}" in env
+    for name in ("RAY_REDIS_CA_CERT", "RAY_REDIS_CLIENT_CERT", "RAY_REDIS_CLIENT_KEY"):
+        assert f"{name}={{{{ __ray_redis_" in env, name
 
 
 def test_ray_env_and_the_token_never_show_in_a_diff():
