@@ -6,8 +6,11 @@ and sees that worker's own loop drain and stop Ray there, keep the record and th
 keeps its raylet; then brings ib0 up and sees the worker ALIVE in the cluster again with nobody running anything.
 Then a hardware quarantine record (what the loop keeps for an Xid 79) on a worker and a plain deploy: Ray stays
 stopped there, nothing changes on it, the run names it quarantined; playbooks/readmit.yml refuses it while a check
-still fails and re-admits it once the fault is gone. It ends with the deploy of the lab's own inventory (health_enabled false): the loop is stopped, disabled and
-removed everywhere, and the lab is as the other tests expect it.
+still fails and re-admits it once the fault is gone. Then the circuit breaker (a limit of one worker): each
+worker's Ray temp dir (a tmpfs of its own) filled with fallocate, the first worker quarantined as transient, the
+second kept running with the breaker's metric and reason; both freed, the first re-admitted by its loop. It ends
+with the deploy of the lab's own inventory (health_enabled false): the loop is stopped, disabled and removed
+everywhere, and the lab is as the other tests expect it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,15 @@ E2E_LAB = 2
 HEAD, WORKER1, WORKER2 = labkit.HEAD, labkit.WORKER1, labkit.WORKER2
 # A round every 5 s and 3 passing rounds to re-admit (the defaults, 15 s and 4, re-admit after a minute of
 # passing rounds: longer than this test's budget on a loaded 2-core lab machine).
-HEALTH_VARS = {"health_enabled": True, "health_interval_s": 5, "health_readmit_passes": 3}
+HEALTH_VARS = {"health_enabled": True, "health_interval_s": 5, "health_readmit_passes": 3,
+               # The breaker's defaults (10 % of the workers, at least one) give the lab's two workers a limit of
+               # one; a re-admitted worker's place is free at once here (the default keeps it an hour).
+               "health_breaker_window_s": 0}
+# Each worker's Ray temp dir on a tmpfs of its own, so that filling it (fallocate) fills nothing else: the lab's
+# nodes share the host's disk.
+TMPFS = "/srv/raymetal-test-tmp"
+WORKER_VARS = dict(HEALTH_VARS, ray_temp_dir=TMPFS, ray_temp_dir_min_free_mb=100, health_temp_dir_min_free_mib=128)
+FILL = f"{TMPFS}/raymetal-test-fill"
 STATE = "/var/lib/raymetal-health/state.json"
 PROM = "/var/lib/prometheus/node-exporter/raymetal_health.prom"
 # What the role installs (its switch-off removes these and nothing else).
@@ -61,7 +72,9 @@ def ib0_restored(name, ip):
 
 def test_a_worker_off_the_fabric_is_quarantined_and_comes_back_by_itself(cluster, lab, tmp_path):
     w1_ip = lab[WORKER1]["lab_fabric_ip"]
-    inventory = labkit.inventory_copy(tmp_path, {name: HEALTH_VARS for name in lab})
+    inventory = labkit.inventory_copy(tmp_path, {name: HEALTH_VARS if name == HEAD else WORKER_VARS for name in lab})
+    for name in (WORKER1, WORKER2):
+        labkit.sh(name, f"mkdir -p {TMPFS} && mount -t tmpfs -o size=320m,mode=1770 tmpfs {TMPFS}")
     try:
         started = time.monotonic()
         rc, out, stats = labkit.run_playbook("site.yml", inventory)
@@ -75,6 +88,8 @@ def test_a_worker_off_the_fabric_is_quarantined_and_comes_back_by_itself(cluster
         config = json.loads(labkit.sh(WORKER1, "cat /etc/raymetal/health.json").stdout)
         assert (config["role"], config["interface"], config["address"], config["gpus"]) == ("worker", "ib0", w1_ip, [])
         assert config["drain"]["script"] == "/usr/local/libexec/raymetal/ray-node-drain"
+        assert (config["breaker"]["limit"], config["breaker"]["gcs"], config["temp_dir"]) == (
+            1, f"{lab[HEAD]['lab_fabric_ip']}:6379", TMPFS), config["breaker"]
         assert json.loads(labkit.sh(HEAD, "cat /etc/raymetal/health.json").stdout)["drain"] == {}
         assert labkit.alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
         others = labkit.invocation_ids(lab, [HEAD, WORKER2])
@@ -176,10 +191,42 @@ def test_a_worker_off_the_fabric_is_quarantined_and_comes_back_by_itself(cluster
         assert unit(WORKER1, "raymetal-health")["ActiveState"] == "active"
         labkit.wait_until(lambda: w1_ip in labkit.alive_ips(lab), 90, 2, f"{WORKER1} ALIVE after its re-admission")
         assert labkit.invocation_ids(lab, [HEAD, WORKER2]) == others
+
+        # The circuit breaker, limit one of the two workers. Worker1's Ray temp dir filled (the real fault,
+        # fallocate): quarantined as transient, drained first (it still reaches the head), its place taken in the
+        # GCS. Then worker2's: the breaker is open, Ray keeps running there, the metric and the journal say why.
+        w2_ip = lab[WORKER2]["lab_fabric_ip"]
+        w2_unit = labkit.invocation_ids(lab, [WORKER2])
+        labkit.sh(WORKER1, f"fallocate -l 220M {FILL}")
+        labkit.wait_until(lambda: unit(WORKER1, "ray-worker")["ActiveState"] in ("inactive", "failed"), 120, 1,
+                          f"{WORKER1}'s loop to stop Ray there, its temp dir full")
+        record = state(WORKER1)
+        assert (record["record"]["class"], record["record"]["check"], record["record"]["drain"]) == (
+            "transient", "temp_dir", "drained"), record
+        assert record["breaker_slot"] == 0, record
+        labkit.sh(WORKER2, f"fallocate -l 220M {FILL}")
+        labkit.wait_until(lambda: (state(WORKER2) or {}).get("breaker"), 60, 1, f"{WORKER2}'s loop to find the fault")
+        assert state(WORKER2)["record"] is None and state(WORKER2)["breaker"]["check"] == "temp_dir"
+        journal = labkit.sh(WORKER2, "journalctl -u raymetal-health --no-pager -o cat").stdout
+        assert f"not quarantined, the circuit breaker is open: 1 of 1 quarantine slots held ({WORKER1})" in journal
+        assert 'raymetal_health_breaker_open{check="temp_dir"} 1' in labkit.sh(WORKER2, f"cat {PROM}").stdout
+        assert labkit.invocation_ids(lab, [WORKER2]) == w2_unit and w2_ip in labkit.alive_ips(lab)
+        # Freed: worker2's breaker closes; worker1 is re-admitted by its loop and its place freed.
+        labkit.sh(WORKER2, f"rm -f {FILL}")
+        labkit.wait_until(lambda: "breaker" not in state(WORKER2), 60, 1, f"{WORKER2}'s breaker to close")
+        assert 'raymetal_health_breaker_open{check=""} 0' in labkit.sh(WORKER2, f"cat {PROM}").stdout
+        labkit.sh(WORKER1, f"rm -f {FILL}")
+        labkit.wait_until(lambda: w1_ip in labkit.alive_ips(lab), 90, 2, f"{WORKER1} re-admitted, its temp dir freed")
+        assert "breaker_slot" not in state(WORKER1)
+        assert labkit.invocation_ids(lab, [WORKER2]) == w2_unit
     finally:
         ib0_restored(WORKER1, w1_ip)
+        for name in (WORKER1, WORKER2):
+            labkit.sh(name, f"rm -f {FILL}", check=False)
         # Switched off (the lab's own inventory): stopped, disabled, removed on every node; Ray everywhere.
         rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    for name in (WORKER1, WORKER2):
+        labkit.sh(name, f"umount -l {TMPFS}; rmdir {TMPFS}", check=False)
     assert rc == 0, out[-6000:]
     for name in lab:
         assert unit(name, "raymetal-health")["LoadState"] == "not-found", name

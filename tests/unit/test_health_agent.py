@@ -220,3 +220,156 @@ def test_the_readmit_command_line_prints_one_json_object_and_exits_3_when_refuse
     assert agent.main(["--config", str(tmp_path / "health.json"), "--readmit"]) == 3
     result = json.loads(capsys.readouterr().out)
     assert result["verdict"] == "refused" and result["findings"][0]["check"] == "fabric_address"
+
+
+# The circuit breaker: the agent runs raymetal_health_breaker.py with Ray's venv Python, which keeps the
+# quarantine slots in the GCS's key-value store. Here the helper runs for real, with a stand-in for Ray's GCS
+# client: a key-value store in a JSON file with the GCS's semantics (a put without overwrite adds a key only
+# when it is absent, and says how many it added).
+FAKE_GCS = '''
+import json, os, sys, types
+
+class GcsClient:
+    def __init__(self, address):
+        if address == "unreachable:6379":
+            raise RuntimeError("Failed to connect to GCS at unreachable:6379")
+        self.path = os.environ["FAKE_KV"]
+
+    def _load(self):
+        return json.load(open(self.path)) if os.path.exists(self.path) else {}
+
+    def _save(self, kv):
+        json.dump(kv, open(self.path, "w"))
+
+    def internal_kv_put(self, key, value, overwrite, namespace):
+        kv, name = self._load(), (namespace + b"/" + key).decode()
+        if name in kv and not overwrite:
+            return 0
+        added = name not in kv
+        kv[name] = value.decode()
+        self._save(kv)
+        return int(added)
+
+    def internal_kv_get(self, key, namespace):
+        value = self._load().get((namespace + b"/" + key).decode())
+        return None if value is None else value.encode()
+
+    def internal_kv_del(self, key, del_by_prefix, namespace):
+        kv = self._load()
+        found = kv.pop((namespace + b"/" + key).decode(), None)
+        self._save(kv)
+        return int(found is not None)
+
+ray = types.ModuleType("ray"); raylet = types.ModuleType("ray._raylet"); raylet.GcsClient = GcsClient
+sys.modules.update({"ray": ray, "ray._raylet": raylet})
+sys.path.insert(0, os.environ["BREAKER_DIR"])
+import raymetal_health_breaker
+sys.exit(raymetal_health_breaker.main())
+'''
+
+
+def breaker_config(tmp_path, host, limit=1, window_s=0, gcs="10.10.0.1:6379"):
+    """A worker's loop with the breaker on; every worker of one test shares the fake GCS (kv.json)."""
+    wrapper = tmp_path / "fake_gcs_breaker.py"
+    wrapper.write_text(FAKE_GCS)
+    node = tmp_path / host
+    node.mkdir(exist_ok=True)
+    cfg = config(node, host=host, temp_dir=str(node), min_free_bytes=2 ** 62)
+    cfg["breaker"] = {"python": sys.executable, "script": str(wrapper), "gcs": gcs, "limit": limit,
+                      "window_s": window_s, "token_path": "/etc/ray/auth_token", "timeout_s": 30,
+                      "env": {"FAKE_KV": str(tmp_path / "kv.json"),
+                              "BREAKER_DIR": str(ROOT / "roles" / "health" / "files")}}
+    return cfg
+
+
+def kv(tmp_path):
+    path = tmp_path / "kv.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def test_the_breaker_lets_one_worker_be_quarantined_and_keeps_the_second_running(tmp_path, capsys):
+    agent = load_agent(tmp_path)
+    w1, w2 = breaker_config(tmp_path, "w1"), breaker_config(tmp_path, "w2")
+    assert agent.one_round(w1, 100, inputs())[2] == "quarantine"
+    assert json.loads(kv(tmp_path)["raymetal/raymetal/health/quarantine/0"])["host"] == "w1"
+    state, _, action = agent.one_round(w2, 101, inputs())
+    # The second FAIL: no slot left, so no drain and no stop on w2; the round says why and the metric is 1.
+    assert action == "breaker" and state["record"] is None
+    assert [c for c in calls(tmp_path / "w2")] == []
+    assert state["breaker"]["why"] == "1 of 1 quarantine slots held (w1)" and state["breaker"]["check"] == "temp_dir"
+    out = capsys.readouterr().out
+    assert "w2 not quarantined, the circuit breaker is open: 1 of 1 quarantine slots held (w1)" in out
+    prom = (tmp_path / "w2" / "textfile" / "raymetal_health.prom").read_text()
+    assert 'raymetal_health_breaker_open{check="temp_dir"} 1' in prom
+    assert 'raymetal_health_quarantined{class="",check=""} 0' in prom
+    # Still failing: asked again each round, still refused (its first refusal time kept).
+    state, _, action = agent.one_round(w2, 110, inputs())
+    assert action == "breaker" and state["breaker"]["since"] == 101
+    # w1 repaired and re-admitted (2 passing rounds): its slot is released (window 0: at once) ...
+    w1.update(min_free_bytes=0)
+    agent.one_round(w1, 120, inputs())
+    assert agent.one_round(w1, 130, inputs())[2] == "readmit"
+    assert kv(tmp_path) == {}
+    # ... and w2's next round takes it.
+    state, _, action = agent.one_round(w2, 140, inputs())
+    assert action == "quarantine" and state["breaker_slot"] == 0 and "breaker" not in state
+    assert calls(tmp_path / "w2")[-1] == "systemctl stop ray-worker.service"
+    assert 'raymetal_health_breaker_open{check=""} 0' in (tmp_path / "w2" / "textfile" / "raymetal_health.prom").read_text()
+
+
+def test_a_fault_that_goes_while_the_breaker_held_it_back_clears_the_breaker(tmp_path, capsys):
+    agent = load_agent(tmp_path)
+    w1, w2 = breaker_config(tmp_path, "w1"), breaker_config(tmp_path, "w2")
+    agent.one_round(w1, 100, inputs())
+    assert agent.one_round(w2, 101, inputs())[2] == "breaker"
+    w2.update(min_free_bytes=0)
+    state, _, action = agent.one_round(w2, 110, inputs())
+    assert action is None and "breaker" not in state and state["record"] is None
+    assert "w2: the fault the circuit breaker held back is gone" in capsys.readouterr().out
+
+
+def test_a_released_slot_stays_held_for_the_window(tmp_path):
+    agent = load_agent(tmp_path)
+    w1, w2 = breaker_config(tmp_path, "w1", window_s=600), breaker_config(tmp_path, "w2", window_s=600)
+    agent.one_round(w1, 100, inputs())
+    w1.update(min_free_bytes=0)
+    agent.one_round(w1, 110, inputs())
+    state, _, action = agent.one_round(w1, 120, inputs())
+    assert action == "readmit"
+    # Released but held: a second fault within the window is refused, the slot says when it was released.
+    assert state["breaker_free_at"] >= 120
+    slot = json.loads(kv(tmp_path)["raymetal/raymetal/health/quarantine/0"])
+    assert slot["host"] == "w1" and slot["released_at"] >= 120
+    assert agent.one_round(w2, 130, inputs())[2] == "breaker"
+    # w1's own loop frees it once the window has passed; then w2 gets it.
+    agent.one_round(w1, state["breaker_free_at"] + 1, inputs())
+    assert kv(tmp_path) == {}
+    assert agent.one_round(w2, state["breaker_free_at"] + 2, inputs())[2] == "quarantine"
+
+
+def test_a_breaker_that_cannot_reach_the_gcs_quarantines_nothing(tmp_path, capsys):
+    agent = load_agent(tmp_path)
+    cfg = breaker_config(tmp_path, "w1", gcs="unreachable:6379")
+    state, _, action = agent.one_round(cfg, 100, inputs())
+    assert action == "breaker" and state["record"] is None and calls(tmp_path / "w1") == []
+    assert state["breaker"]["why"].startswith("the breaker could not be asked (RuntimeError: Failed to connect")
+
+
+def test_a_fabric_fault_takes_no_slot(tmp_path):
+    """Off the fabric the node is out of the cluster whatever the loop does, and cannot reach the GCS."""
+    agent = load_agent(tmp_path)
+    cfg = breaker_config(tmp_path, "w1", gcs="unreachable:6379")
+    cfg.update(min_free_bytes=0)
+    state, _, action = agent.one_round(cfg, 100, inputs(addresses=()))
+    assert action == "quarantine" and "breaker_slot" not in state and kv(tmp_path) == {}
+
+
+def test_an_operator_readmission_releases_the_slot(tmp_path):
+    agent = load_agent(tmp_path)
+    w1 = breaker_config(tmp_path, "w1")
+    agent.one_round(w1, 100, inputs())
+    assert kv(tmp_path)
+    w1.update(min_free_bytes=0)
+    code, _ = agent.operator_readmit(w1, 110, inputs())
+    assert code == 0 and kv(tmp_path) == {}
+    assert "breaker_slot" not in state_of(w1)

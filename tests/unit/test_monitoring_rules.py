@@ -60,7 +60,7 @@ def run(*args, cwd=None):
 def test_the_rules_pass_promtool_check_rules(rendered):
     rc, out = run("check", "rules", str(rendered / "raymetal-alerts.yml"))
     assert rc == 0, out
-    assert "SUCCESS: 15 rules found" in out, out
+    assert "SUCCESS: 16 rules found" in out, out
 
 
 def test_the_alerts_fire_as_the_rule_tests_say(rendered):

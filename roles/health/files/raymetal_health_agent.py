@@ -12,6 +12,12 @@ file: the same code as the acceptance role's node checks); what the round decide
 - ``readmit``: the Ray unit started again (a transient quarantine whose checks passed
   ``readmit_passes`` rounds in a row). A hardware quarantine is never lifted here.
 - ``report``: the head's own faults are logged and exported, never acted on.
+- the circuit breaker: before a worker is quarantined, it claims one of ``breaker.limit`` quarantine slots
+  kept in the GCS (raymetal_health_breaker.py, run with Ray's venv Python). No slot free, or the GCS not
+  reachable: nothing is drained or stopped, the round says why (``raymetal_health_breaker_open`` 1) and the
+  next round asks again while the fault lasts. A fabric fault takes no slot: the node is out of the cluster
+  whatever the loop does, and the GCS cannot be reached from it. Re-admission releases the slot, which stays
+  held ``breaker.window_s`` more seconds (at most ``limit`` quarantines begin in any window).
 
 ``--readmit`` is an operator's re-admission after a repair (playbooks/readmit.yml runs it with the loop
 stopped): the round's checks once; any FAIL refuses and keeps the record; otherwise the record is cleared
@@ -126,6 +132,68 @@ def quarantine(config, record):
     return done
 
 
+def breaker_call(config, action, now, finding=""):
+    """Ask the breaker helper; returns its JSON answer ({"error": ...} when it could not answer)."""
+    breaker = config.get("breaker") or {}
+    argv = [breaker["python"], breaker["script"], action, "--gcs", breaker["gcs"], "--token-path",
+            breaker["token_path"], "--host", config.get("host") or socket.gethostname(), "--limit",
+            str(breaker["limit"]), "--window-s", str(breaker.get("window_s", 0)), "--now", str(now)]
+    if finding:
+        argv += ["--finding", finding]
+    try:
+        rc, out = run(argv, timeout=int(breaker.get("timeout_s", 30)), env=breaker.get("env"))
+    except subprocess.TimeoutExpired:
+        return {"error": "the GCS did not answer within %s s" % breaker.get("timeout_s", 30)}
+    try:
+        answer = json.loads(out.splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": "rc %d: %s" % (rc, out[-300:])}
+    return answer if isinstance(answer, dict) else {"error": out[-300:]}
+
+
+def ask_breaker(config, state, now):
+    """Before a quarantine: True when this worker may be quarantined (a slot is its own, or the fault takes
+    none); False when the breaker is open, with the reason kept in state["breaker"]."""
+    record = state["record"]
+    if not config.get("breaker") or record.get("check") in FABRIC_CHECKS:
+        return True
+    answer = breaker_call(config, "claim", now, record.get("finding", ""))
+    if answer.get("granted"):
+        state["breaker_slot"] = answer.get("slot")
+        state.pop("breaker", None)
+        return True
+    if "error" in answer:
+        why = "the breaker could not be asked (%s), so nothing is quarantined" % answer["error"]
+    else:
+        why = "%d of %d quarantine slots held (%s)" % (
+            len(answer.get("holders", [])), answer.get("limit", 0),
+            ", ".join(h.get("host", "?") for h in answer.get("holders", [])))
+    state["breaker"] = {"open": True, "since": (state.get("breaker") or {}).get("since", now), "why": why,
+                        "check": record.get("check"), "finding": record.get("finding")}
+    state["record"] = None
+    return False
+
+
+def release_slot(config, state, now):
+    """At re-admission: the slot is released (held window_s more seconds, then settle() frees it)."""
+    if state.pop("breaker_slot", None) is None or not config.get("breaker"):
+        return
+    answer = breaker_call(config, "release", now)
+    window = float(config["breaker"].get("window_s", 0))
+    if "error" in answer or window > 0:
+        state["breaker_free_at"] = answer.get("free_at", now + window)
+
+
+def settle_slot(config, state, now):
+    if state.get("breaker_free_at") is not None and now >= float(state["breaker_free_at"]):
+        if "error" not in breaker_call(config, "settle", now):
+            state.pop("breaker_free_at", None)
+
+
+# What the loop keeps in its state file beside the round's own (health.node_round returns record and kmsg_seq).
+KEPT = ("breaker", "breaker_slot", "breaker_free_at")
+
+
 def readmit(config):
     rc, out = run([config.get("systemctl", "systemctl"), "start", config["unit"]], timeout=120)
     return rc == 0, out
@@ -144,6 +212,11 @@ def metrics(state, findings, now):
         "# HELP raymetal_health_round_timestamp_seconds When the health loop last ran a round.",
         "# TYPE raymetal_health_round_timestamp_seconds gauge",
         "raymetal_health_round_timestamp_seconds %d" % now,
+        "# HELP raymetal_health_breaker_open 1 while this node has a FAIL that the circuit breaker kept from "
+        "being quarantined.",
+        "# TYPE raymetal_health_breaker_open gauge",
+        'raymetal_health_breaker_open{check="%s"} %d' % ((state.get("breaker") or {}).get("check") or "",
+                                                          1 if state.get("breaker") else 0),
     ]
     return "\n".join(lines) + "\n"
 
@@ -158,20 +231,29 @@ def save(config, state, findings, now):
 def one_round(config, now=None, read=None):
     """Run one round and carry out its action; returns (state, findings, action)."""
     now = time.time() if now is None else now
-    state = load_json(config["state_path"], {"record": None, "kmsg_seq": -1})
-    state, findings, action = health.node_round(config, state, now, read or readers(config))
+    old = load_json(config["state_path"], {"record": None, "kmsg_seq": -1})
+    state, findings, action = health.node_round(config, old, now, read or readers(config))
+    state.update((key, old[key]) for key in KEPT if key in old)
     host = config.get("host") or socket.gethostname()
+    if action == "quarantine" and not ask_breaker(config, state, now):
+        action = "breaker"
+        print("%s not quarantined, the circuit breaker is open: %s; finding: %s" % (
+            host, state["breaker"]["why"], state["breaker"]["finding"]), flush=True)
+    elif not any(f["severity"] == "fail" for f in findings) and state.pop("breaker", None):
+        print("%s: the fault the circuit breaker held back is gone" % host, flush=True)
     if action == "quarantine":
         state["record"].update(quarantine(config, state["record"]))
         print("%s quarantined (%s, %s): %s" % (host, state["record"]["class"], state["record"]["check"],
                                                state["record"]["finding"]), flush=True)
     elif action == "readmit":
+        release_slot(config, state, now)
         ok, out = readmit(config)
         print("%s re-admitted: its checks passed %s rounds in a row%s" % (
             host, config.get("readmit_passes", 4), "" if ok else "; starting Ray failed: " + out), flush=True)
     elif action in ("worse", "report"):
         print("%s %s: %s" % (host, "is sick (the loop never stops the head)" if action == "report"
                              else "now has a hardware fault", "; ".join(f["message"] for f in findings)), flush=True)
+    settle_slot(config, state, now)
     save(config, state, findings, now)
     return state, findings, action
 
@@ -187,6 +269,9 @@ def operator_readmit(config, now=None, read=None):
               "findings": [f for f in findings if f["severity"] == "fail"]}
     code = 3 if verdict == "refused" else 0
     if verdict == "admitted":
+        new.update((key, state[key]) for key in KEPT if key in state)
+        new.pop("breaker", None)
+        release_slot(config, new, now)
         save(config, new, findings, now)
         ok, out = readmit(config)
         result["ray_started"] = ok
