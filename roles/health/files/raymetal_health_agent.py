@@ -117,6 +117,7 @@ def quarantine(config, record):
                        "raymetal health: %s" % record["finding"][:200]], timeout=int(drain.get("deadline_s", 60)) + 60,
                       env=drain.get("env"))
         done["drain"] = "drained" if rc == 0 else "drain failed (rc %d): %s" % (rc, out)
+        done["drained_at"] = time.time()
     systemctl = config.get("systemctl", "systemctl")
     if record.get("check") in FABRIC_CHECKS:
         # Ray's own stop (SIGTERM) first asks the GCS to drain this node and waits for that RPC up to
@@ -127,6 +128,7 @@ def quarantine(config, record):
         done["killed"] = rc == 0
     rc, out = run([systemctl, "stop", config["unit"]], timeout=120)
     done["stopped"] = rc == 0
+    done["stopped_at"] = time.time()
     if rc != 0:
         done["stop_error"] = out
     return done
