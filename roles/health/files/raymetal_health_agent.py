@@ -203,6 +203,7 @@ def readmit(config):
 
 def metrics(state, findings, now):
     record = state.get("record") or {}
+    held_back = state.get("breaker") or {}
     lines = [
         "# HELP raymetal_health_quarantined 1 while raymetal's health loop keeps this node out of the cluster.",
         "# TYPE raymetal_health_quarantined gauge",
@@ -217,8 +218,7 @@ def metrics(state, findings, now):
         "# HELP raymetal_health_breaker_open 1 while this node has a FAIL that the circuit breaker kept from "
         "being quarantined.",
         "# TYPE raymetal_health_breaker_open gauge",
-        'raymetal_health_breaker_open{check="%s"} %d' % ((state.get("breaker") or {}).get("check") or "",
-                                                          1 if state.get("breaker") else 0),
+        'raymetal_health_breaker_open{check="%s"} %d' % (held_back.get("check") or "", 1 if held_back else 0),
     ]
     return "\n".join(lines) + "\n"
 
