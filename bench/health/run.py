@@ -113,6 +113,9 @@ def fault(lab, worker, ip, kind):
     """One fault on worker and its fix: the row's figures (seconds)."""
     head = lab.head[0]
     cluster = operations.Cluster(lab)
+    # The node's Ray ID before the fault: ALIVE again means a new one (the head keeps the old one ALIVE until its
+    # health check gives up on it, up to a minute after the node stopped).
+    before = cluster.alive().get(ip)
     t0 = time.time()
     if kind == "fabric_link":
         sh(worker, "ip link set ib0 down")
@@ -130,7 +133,9 @@ def fault(lab, worker, ip, kind):
                    "ip address add %s/24 dev ib0" % (ip, ip))
     else:
         sh(worker, "rm -f %s" % FILL)
-    wait(lambda: ip in cluster.alive(), 600, "%s: %s ALIVE again" % (kind, worker))
+    wait(lambda: cluster.alive().get(ip) not in (None, before), 600, "%s: %s ALIVE again" % (kind, worker))
+    if state(worker).get("record"):
+        raise BenchError("%s: %s is ALIVE but its loop still holds %s" % (kind, worker, state(worker)["record"]))
     alive = time.time()
     return {"kind": kind, "drained": record.get("drained_at", 0) - t0 if "drained_at" in record else None,
             "stopped": min(stopped, record.get("stopped_at", stopped)) - t0, "alert": alert - t0,
