@@ -373,3 +373,34 @@ def test_an_operator_readmission_releases_the_slot(tmp_path):
     code, _ = agent.operator_readmit(w1, 110, inputs())
     assert code == 0 and kv(tmp_path) == {}
     assert "breaker_slot" not in state_of(w1)
+
+
+def test_a_worker_quarantined_again_within_its_window_keeps_its_place(tmp_path):
+    agent = load_agent(tmp_path)
+    w1 = breaker_config(tmp_path, "w1", window_s=600)
+    agent.one_round(w1, 100, inputs())
+    w1.update(min_free_bytes=0)
+    agent.one_round(w1, 110, inputs())
+    assert agent.one_round(w1, 120, inputs())[2] == "readmit"
+    w1.update(min_free_bytes=2 ** 62)
+    state, _, action = agent.one_round(w1, 130, inputs())
+    assert action == "quarantine" and "breaker_free_at" not in state
+    assert "released_at" not in json.loads(kv(tmp_path)["raymetal/raymetal/health/quarantine/0"])
+    # Its loop's later rounds, past the old window, do not free the place it holds again.
+    agent.one_round(w1, 900, inputs())
+    assert json.loads(kv(tmp_path)["raymetal/raymetal/health/quarantine/0"])["host"] == "w1"
+
+
+def test_a_release_that_did_not_get_through_is_done_by_a_later_round(tmp_path):
+    agent = load_agent(tmp_path)
+    w1 = breaker_config(tmp_path, "w1")
+    agent.one_round(w1, 100, inputs())
+    w1.update(min_free_bytes=0)
+    agent.one_round(w1, 110, inputs())
+    reachable = w1["breaker"]["gcs"]
+    w1["breaker"]["gcs"] = "unreachable:6379"
+    state, _, action = agent.one_round(w1, 120, inputs())
+    assert action == "readmit" and kv(tmp_path) and state["breaker_free_at"] == 120
+    w1["breaker"]["gcs"] = reachable
+    state, _, _ = agent.one_round(w1, 130, inputs())
+    assert kv(tmp_path) == {} and "breaker_free_at" not in state

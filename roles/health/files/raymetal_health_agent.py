@@ -163,6 +163,8 @@ def ask_breaker(config, state, now):
     if answer.get("granted"):
         state["breaker_slot"] = answer.get("slot")
         state.pop("breaker", None)
+        # Quarantined again within its place's window: the place is held again (the helper unmarked it).
+        state.pop("breaker_free_at", None)
         return True
     if "error" in answer:
         why = "the breaker could not be asked (%s), so nothing is quarantined" % answer["error"]
@@ -182,14 +184,23 @@ def release_slot(config, state, now):
         return
     answer = breaker_call(config, "release", now)
     window = float(config["breaker"].get("window_s", 0))
-    if "error" in answer or window > 0:
-        state["breaker_free_at"] = answer.get("free_at", now + window)
+    if "error" in answer:
+        # Not released: the next round's settle releases it.
+        state["breaker_free_at"] = now
+    elif window > 0:
+        state["breaker_free_at"] = answer["free_at"]
 
 
 def settle_slot(config, state, now):
+    """Once due: the helper releases what a failed release left held and frees what its window let go."""
     if state.get("breaker_free_at") is not None and now >= float(state["breaker_free_at"]):
-        if "error" not in breaker_call(config, "settle", now):
+        answer = breaker_call(config, "settle", now)
+        if "error" in answer:
+            return
+        if answer.get("free_at") is None:
             state.pop("breaker_free_at", None)
+        else:
+            state["breaker_free_at"] = answer["free_at"]
 
 
 # What the loop keeps in its state file beside the round's own (health.node_round returns record and kmsg_seq).

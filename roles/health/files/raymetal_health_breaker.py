@@ -15,7 +15,8 @@ whose loop found a FAIL. At most ``limit`` workers of the cluster hold a quarant
 - ``release``: at re-admission. With ``window_s`` 0 the slot is deleted; else it is marked released and
   stays held ``window_s`` seconds more, so that at most ``limit`` quarantines begin in any window (a
   flapping fault cannot cycle every worker through the slots). Prints ``{"free_at": t}``.
-- ``settle``: deletes this host's released slot once its window has passed. Prints ``{"freed": bool}``.
+- ``settle``: releases this host's slots that a failed ``release`` left held, and deletes them once their
+  window has passed. Prints ``{"free_at": t}`` (None when none is left).
 
 Only the host named in a slot writes or deletes it. The token is read from the file in
 RAY_AUTH_TOKEN_PATH (never argv). Exits 0 with the JSON line, 1 when the GCS cannot be asked (the loop then
@@ -61,6 +62,10 @@ def claim(client, host, limit, finding, now):
                 return {"granted": True, "slot": index}
             held = read(client, index) or {"host": "?"}
         if held.get("host") == host:
+            if "released_at" in held:
+                # Quarantined again within its window: the place is held again, not freed when the window ends.
+                del held["released_at"]
+                client.internal_kv_put(slot_key(index), json.dumps(held).encode(), True, NAMESPACE)
             return {"granted": True, "slot": index, "already": True}
         holders.append(held)
     return {"granted": False, "limit": limit, "holders": holders}
@@ -86,12 +91,19 @@ def release(client, host, limit, window_s, now):
 
 
 def settle(client, host, limit, window_s, now):
-    freed = False
+    """After a re-admission: this host's places released (if a release did not get through) and deleted once
+    their window has passed; free_at says when the next is due (None: nothing left)."""
+    free_at = None
     for index, held in mine(client, host, limit):
-        if "released_at" in held and now >= float(held["released_at"]) + window_s:
+        if "released_at" not in held:
+            held["released_at"] = now
+            client.internal_kv_put(slot_key(index), json.dumps(held).encode(), True, NAMESPACE)
+        due = float(held["released_at"]) + window_s
+        if now >= due:
             client.internal_kv_del(slot_key(index), False, NAMESPACE)
-            freed = True
-    return {"freed": freed}
+        else:
+            free_at = due if free_at is None else max(free_at, due)
+    return {"free_at": free_at}
 
 
 def main(argv=None):
