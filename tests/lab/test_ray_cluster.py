@@ -47,6 +47,23 @@ def counting_deploy(inventory, extravars=None, tasks=None):
     return facts, changed
 
 
+def test_the_cluster_scenario_s_verify_playbook_passes_on_the_session_deploy(cluster, lab):
+    """extensions/molecule/cluster/verify.yml against this lab's first deploy (a fresh converge, over SSH, with the
+    wheelhouse mirror): `make test` runs the molecule cluster scenario on Debian 13 only, and lab 1 (Debian 12)
+    proves its steps on the deploy it has anyway: the converge (the cluster fixture), the full-path idempotence
+    (test_rerun_changes_nothing_and_keeps_nodes_and_jobs), the check on converged nodes
+    (test_check_mode_on_the_running_cluster_plans_nothing) and here its verify playbook."""
+    nets = {"molecule_cluster_fabric_net": head_ip(lab).rsplit(".", 1)[0],
+            "molecule_cluster_mgmt_net": lab[HEAD]["ansible_host"].rsplit(".", 1)[0]}
+    rc, out, stats = labkit.run_playbook("extensions/molecule/cluster/verify.yml", labkit.LAB_INVENTORY,
+                                         "-e", json.dumps(nets))
+    assert rc == 0, out[-4000:]
+    # Every play ran its checks on the hosts it names (three nodes, the head, a worker): none was skipped.
+    assert sorted(stats) == sorted(lab), stats
+    assert all(s["ok"] > 0 and s["failed"] == 0 for s in stats.values()), stats
+    assert "Check that Ray and NCCL came in one pip run" in out and "Check that the dashboard does not listen" in out
+
+
 def test_every_node_is_alive_on_its_ib0_address(cluster, lab):
     assert cluster["nodes_alive"] == len(lab) == 3
     assert cluster["healthy"] is True
