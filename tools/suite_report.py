@@ -13,7 +13,10 @@ side by side, so their minutes add up to more than the wall time.
 ARTIFACTS_DIR/cost-*.tsv (one line per lab test: name, wall seconds, controller
 CPU-seconds, the lab containers' CPU-seconds; tests/lab/conftest.py writes them)
 gives each lab's CPU and the ten tests that cost the most CPU: the machine is
-CPU-bound, so that is where a faster suite comes from.
+CPU-bound, so that is where a faster suite comes from. ARTIFACTS_DIR/playbooks-*.tsv
+(one line per playbook run of the lab tests: test, playbook, options, wall
+seconds, controller and node CPU-seconds, ok and changed task-host pairs) gives
+each lab's number of runs and the ten runs that cost the most CPU.
 Prints nothing about a file that is not there; never fails the build.
 """
 
@@ -87,6 +90,23 @@ def costs(directory: Path) -> list[tuple[float, float, float, str, str]]:
     return rows
 
 
+def playbook_runs(directory: Path) -> list[tuple[float, float, float, int, str, str, str]]:
+    rows = []
+    for path in sorted(directory.glob("playbooks-*.tsv")):
+        for line in path.read_text().splitlines():
+            parts = line.split("\t")
+            if len(parts) != 8:
+                continue
+            try:
+                wall, controller, nodes = (float(p) for p in parts[3:6])
+                ok = int(parts[6])
+            except ValueError:
+                continue
+            run = f"{parts[1]} {parts[2]}".strip()
+            rows.append((controller + nodes, controller, wall, ok, run, parts[0], path.stem.removeprefix("playbooks-")))
+    return rows
+
+
 def main(argv: list[str]) -> int:
     directory = Path(argv[1] if len(argv) > 1 else "artifacts")
     rows = phases(directory / "phases.tsv")
@@ -121,6 +141,16 @@ def main(argv: list[str]) -> int:
         for total, controller, wall, name, lab in sorted(spent, reverse=True)[:10]:
             print(f"  {total:6.0f} CPU-s (controller {controller:5.0f}, nodes {total - controller:5.0f}) "
                   f"{wall:6.0f} s  [{lab}] {name}")
+    runs = playbook_runs(directory)
+    if runs:
+        print("=== playbook runs of the lab tests (ok: task-host pairs that ran; a fast-path run has few)")
+        for lab in sorted({row[6] for row in runs}):
+            mine = [row for row in runs if row[6] == lab]
+            print(f"  {lab}: {len(mine)} runs, {sum(r[0] for r in mine):6.0f} CPU-s (controller "
+                  f"{sum(r[1] for r in mine):6.0f}), {sum(r[2] for r in mine) / 60:5.1f} min")
+        print("  the ten that cost the most CPU:")
+        for total, controller, wall, ok, run, test, lab in sorted(runs, reverse=True)[:10]:
+            print(f"  {total:6.0f} CPU-s (controller {controller:5.0f}) {wall:6.0f} s  ok {ok:4d}  [{lab}] {run}  <- {test}")
     return 0
 
 

@@ -11,8 +11,10 @@ it every module runs, on whatever lab LAB_PREFIX names.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
+import shlex
 import subprocess
 import time
 
@@ -110,3 +112,61 @@ def _cost(name: str):
 def _test_cost(request):
     with _cost(request.node.nodeid):
         yield
+
+
+# One line per playbook run (labkit.run_playbook and raymetal.runner both call ansible_runner.run): the test, the
+# playbook, its options (extra variables by name only, never their values), wall seconds, controller and node CPU,
+# and the ok and changed task-host pairs (a fast-path run has few). Written beside RAYMETAL_TEST_COST's file as
+# playbooks-labN.tsv; tools/suite_report.py prints the runs that cost the most. Which runs a faster suite should
+# share or send down the fast path is read there.
+def _run_options(kwargs: dict) -> str:
+    words = shlex.split(kwargs.get("cmdline") or "")
+    names = sorted((kwargs.get("extravars") or {}).keys())
+    for before, word in zip(words, words[1:]):
+        if before not in ("-e", "--extra-vars"):
+            continue
+        try:
+            value = json.loads(word)
+        except ValueError:
+            value = None
+        if isinstance(value, dict):
+            names += sorted(value)
+        else:
+            names += ["@file"] if word.startswith("@") else [pair.split("=", 1)[0] if "=" in pair else "?"
+                                                                    for pair in word.split()]
+    flags = [w for w in words if w.startswith("-") and w not in ("-e", "--extra-vars")]
+    return " ".join(flags + ([f"-e {','.join(names)}"] if names else []))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _playbook_costs():
+    cost = os.environ.get("RAYMETAL_TEST_COST")
+    if not cost:
+        yield
+        return
+    import ansible_runner
+
+    path = os.path.join(os.path.dirname(cost), os.path.basename(cost).replace("cost-", "playbooks-", 1))
+    real_run = ansible_runner.run
+
+    def measured_run(**kwargs):
+        start, nodes = time.monotonic(), _lab_containers_cpu()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        result = real_run(**kwargs)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        controller = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        stats = getattr(result, "stats", None) or {}
+        # "<nodeid> (setup)" while a fixture runs it (the session's first deploy: before the first test).
+        test, _, phase = os.environ.get("PYTEST_CURRENT_TEST", "? (session)").replace("tests/lab/", "").partition(" ")
+        test += "" if phase == "(call)" else f" {phase}"
+        with open(path, "a") as out:
+            out.write(f"{test}\t{os.path.basename(str(kwargs.get('playbook', '')))}\t{_run_options(kwargs)}\t"
+                      f"{time.monotonic() - start:.1f}\t{controller:.1f}\t{_nodes_cpu_between(nodes, _lab_containers_cpu()):.1f}\t"
+                      f"{sum((stats.get('ok') or {}).values())}\t{sum((stats.get('changed') or {}).values())}\n")
+        return result
+
+    ansible_runner.run = measured_run
+    try:
+        yield
+    finally:
+        ansible_runner.run = real_run

@@ -36,3 +36,19 @@ def test_phases_print_minutes_and_cpu_and_the_machine_its_cores(tmp_path):
 def test_nothing_to_report_prints_nothing_and_never_fails(tmp_path):
     (tmp_path / "cpu.start").write_text("garbage\n")
     assert report(tmp_path) == ""
+
+
+def test_playbook_runs_are_counted_per_lab_and_the_costliest_named(tmp_path):
+    (tmp_path / "playbooks-lab1.tsv").write_text(
+        "session\tsite.yml\t\t480.0\t55.0\t170.0\t450\t80\n"
+        "test_a.py::test_x\tsite.yml\t-e raymetal_fast_path\t40.0\t30.0\t20.0\t303\t0\n"
+        "test_a.py::test_y\tsite.yml\t--check --diff\t10.0\t3.0\t1.0\t12\t0\n"
+        "a torn line\tsite.yml\n")
+    (tmp_path / "playbooks-lab2.tsv").write_text("test_b.py::test_z\tupgrade.yml\t\t300.0\t90.0\t110.0\t500\t40\n")
+    out = report(tmp_path)
+    assert "lab1: 3 runs,    279 CPU-s (controller     88)," in out
+    assert "lab2: 1 runs,    200 CPU-s (controller     90)" in out
+    lines = out.split("the ten that cost the most CPU:")[1].strip().splitlines()
+    assert [line.split("<- ")[1] for line in lines] == ["session", "test_b.py::test_z", "test_a.py::test_x",
+                                                         "test_a.py::test_y"]
+    assert "site.yml -e raymetal_fast_path" in lines[2] and "ok  303" in lines[2]
