@@ -55,21 +55,12 @@ TMPFS = "/srv/raymetal-bench-tmp"
 FILL = TMPFS + "/raymetal-bench-fill"
 HOOK_LOG = "/tmp/raymetal-bench-webhook.log"
 HOOK_PORT = 9099
-# A webhook receiver on the head's loopback (Alertmanager's only client is Prometheus's host, itself): each POST
-# is one line, the time it arrived and the alerts' names, hosts and status.
-HOOK = r'''
-import http.server, json, sys, time
-class Hook(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        alerts = [[a["labels"].get("alertname"), a["labels"].get("host"), a["status"]] for a in body["alerts"]]
-        with open(sys.argv[2], "a") as out:
-            out.write(json.dumps({"at": time.time(), "alerts": alerts}) + "\n")
-        self.send_response(200); self.end_headers()
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Hook).serve_forever()
-'''
+# The lab's webhook receiver (lab/webhook_recorder.py) on the head's loopback (Alertmanager's only client is
+# Prometheus's host, itself): each POST is one line, the time it arrived and the alerts' names, hosts and status.
+_HOOK_SPEC = importlib.util.spec_from_file_location(
+    "webhook_recorder", os.path.join(os.path.dirname(BENCH), "lab", "webhook_recorder.py"))
+webhook_recorder = importlib.util.module_from_spec(_HOOK_SPEC)
+_HOOK_SPEC.loader.exec_module(webhook_recorder)
 
 
 def state(name):
@@ -83,12 +74,7 @@ def unit_active(name):
 
 def hook_seen(head, host, after=0.0):
     """(when, alert names) of the first notification after `after` with an alert firing for host (None: not yet)."""
-    for line in sh(head, "cat %s 2>/dev/null" % HOOK_LOG, check=False).stdout.splitlines():
-        entry = json.loads(line)
-        names = sorted({name for name, on, status in entry["alerts"] if on == host and status == "firing"})
-        if entry["at"] >= after and names:
-            return entry["at"], names
-    return None
+    return webhook_recorder.first_firing(sh(head, "cat %s 2>/dev/null" % HOOK_LOG, check=False).stdout, host, after)
 
 
 def wait(predicate, timeout, what):
@@ -176,9 +162,11 @@ def main():
         for name in [head] + [name for name, _ in workers]:
             with open(os.path.join(host_vars, name + ".yml"), "w", encoding="utf-8") as fh:
                 yaml.safe_dump(dict(group, **(worker_vars if name != head else {})), fh)
+        with open(webhook_recorder.__file__, encoding="utf-8") as fh:
+            hook = fh.read()
         sh(head, "cat > /tmp/raymetal-bench-hook.py <<'EOF'\n%s\nEOF\nrm -f %s; "
                  "systemd-run --unit raymetal-bench-hook python3 /tmp/raymetal-bench-hook.py %d %s"
-           % (HOOK, HOOK_LOG, HOOK_PORT, HOOK_LOG))
+           % (hook, HOOK_LOG, HOOK_PORT, HOOK_LOG))
         site(lab, "deploy")
         worker, ip = workers[0]
         for kind in ("fabric_link", "temp_dir"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import importlib.util
 import json
 import os
 import shlex
@@ -266,6 +267,33 @@ def wait_until(predicate, timeout: float, interval: float = 2.0, what: str = "co
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+WEBHOOK_PORT = 9099
+WEBHOOK_LOG = "/tmp/raymetal-test-webhook.log"
+
+
+@contextlib.contextmanager
+def webhook_recorder(node: str) -> Iterator[str]:
+    """lab/webhook_recorder.py on node's loopback, as a transient unit: Alertmanager's receiver (a pager's stand-in).
+    Yields its URL (for monitoring_alertmanager_webhooks); stopped and its log removed afterwards."""
+    script = (ROOT / "lab" / "webhook_recorder.py").read_text()
+    sh(node, f"cat > /tmp/raymetal-test-webhook.py <<'RAYMETAL_EOF'\n{script}RAYMETAL_EOF\nrm -f {WEBHOOK_LOG}; "
+             f"systemd-run --unit raymetal-test-webhook --collect python3 /tmp/raymetal-test-webhook.py "
+             f"{WEBHOOK_PORT} {WEBHOOK_LOG}")
+    try:
+        yield f"http://127.0.0.1:{WEBHOOK_PORT}/"
+    finally:
+        sh(node, f"systemctl stop raymetal-test-webhook; rm -f /tmp/raymetal-test-webhook.py {WEBHOOK_LOG}", check=False)
+
+
+def webhook_first_firing(node: str, host: str, after: float = 0.0):
+    """(when, alert names) of the first notification the recorder on node got at or after `after` (epoch seconds)
+    with an alert firing for host; None before there is one."""
+    spec = importlib.util.spec_from_file_location("webhook_recorder", ROOT / "lab" / "webhook_recorder.py")
+    recorder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recorder)
+    return recorder.first_firing(sh(node, f"cat {WEBHOOK_LOG} 2>/dev/null", check=False).stdout, host, after)
 
 
 @contextlib.contextmanager
