@@ -404,3 +404,29 @@ def test_a_release_that_did_not_get_through_is_done_by_a_later_round(tmp_path):
     w1["breaker"]["gcs"] = reachable
     state, _, _ = agent.one_round(w1, 130, inputs())
     assert kv(tmp_path) == {} and "breaker_free_at" not in state
+
+
+def test_a_node_that_leaves_the_cluster_frees_its_place_at_once(tmp_path):
+    """remove-node (--leave): a quarantined worker's place, and a re-admitted one's held for its window, are
+    deleted at once, so that the next worker's fault is quarantined; a GCS out of reach is an error, not a
+    silent success."""
+    agent = load_agent(tmp_path)
+    w1, w2 = breaker_config(tmp_path, "w1", window_s=600), breaker_config(tmp_path, "w2", window_s=600)
+    agent.one_round(w1, 100, inputs())
+    assert agent.one_round(w2, 101, inputs())[2] == "breaker"
+    reachable = w1["breaker"]["gcs"]
+    w1["breaker"]["gcs"] = "unreachable:6379"
+    code, out = agent.leave(w1, 105)
+    assert code == 1 and json.loads(out)["error"].startswith("RuntimeError: Failed to connect") and kv(tmp_path)
+    w1["breaker"]["gcs"] = reachable
+    code, out = agent.leave(w1, 110)
+    assert (code, json.loads(out)) == (0, {"released": True, "held": True, "slot": 0})
+    assert kv(tmp_path) == {} and "breaker_slot" not in state_of(w1)
+    assert agent.one_round(w2, 120, inputs())[2] == "quarantine"
+    # A re-admitted worker's place, still held for its window, goes at once too; one that holds none: held false.
+    w2.update(min_free_bytes=0)
+    agent.one_round(w2, 130, inputs())
+    assert agent.one_round(w2, 140, inputs())[2] == "readmit" and kv(tmp_path)
+    assert json.loads(agent.leave(w2, 150)[1]) == {"released": True, "held": True, "slot": None}
+    assert kv(tmp_path) == {} and "breaker_free_at" not in state_of(w2)
+    assert json.loads(agent.leave(w1, 160)[1]) == {"released": True, "held": False, "slot": None}

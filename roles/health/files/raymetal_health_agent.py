@@ -1,6 +1,6 @@
 """The node's health loop (issue 36): checks every interval, drains and stops Ray on a FAIL, re-admits.
 
-    raymetal_health_agent.py --config /etc/raymetal/health.json [--once | --readmit]
+    raymetal_health_agent.py --config /etc/raymetal/health.json [--once | --readmit | --leave]
 
 Runs on every node without the controller and without Prometheus, as root under systemd
 (raymetal-health.service). Each round is ``node_round`` of raymetal_health.py (installed beside this
@@ -23,6 +23,10 @@ file: the same code as the acceptance role's node checks); what the round decide
 stopped): the round's checks once; any FAIL refuses and keeps the record; otherwise the record is cleared
 and the Ray unit started. Prints one JSON object (``verdict``, ``findings``, ``record``); exits 0 when the
 node was admitted or was not quarantined, 3 when refused, 1 when Ray did not start.
+
+``--leave`` is a node leaving the cluster (playbooks/remove-node.yml runs it with the loop stopped and
+disabled): its circuit breaker place, if it holds one, is deleted at once whatever the window. Prints
+``{"released": true, "slot": ...}``; exits 1 when the GCS could not be asked.
 
 Every round writes the state file atomically and, where ``metrics_dir`` is set, a node_exporter
 textfile (``raymetal_health_quarantined``, ``raymetal_health_findings``, ``raymetal_health_round_timestamp``).
@@ -297,6 +301,26 @@ def operator_readmit(config, now=None, read=None):
     return code, json.dumps(result, sort_keys=True)
 
 
+def leave(config, now=None):
+    """playbooks/remove-node.yml, with the loop stopped: the node leaves the cluster, so its place in the circuit
+    breaker (held while it is quarantined, or for the window after a re-admission) is freed at once. Returns
+    (exit code, what to print): {"released": true, "held": whether it held a place, "slot": the place it held while
+    quarantined or None}, or the error (exit 1)."""
+    now = time.time() if now is None else now
+    state = load_json(config["state_path"], {"record": None, "kmsg_seq": -1})
+    slot = state.get("breaker_slot")
+    held = slot is not None or state.get("breaker_free_at") is not None
+    if not config.get("breaker"):
+        return 0, json.dumps({"released": False, "held": False, "slot": None, "why": "no circuit breaker on this node"})
+    answer = breaker_call(dict(config, breaker=dict(config["breaker"], window_s=0)), "release", now)
+    if "error" in answer:
+        return 1, json.dumps({"released": False, "held": held, "slot": slot, "error": answer["error"]})
+    for key in KEPT:
+        state.pop(key, None)
+    write_atomic(config["state_path"], json.dumps(state, sort_keys=True) + "\n")
+    return 0, json.dumps({"released": True, "held": held, "slot": slot})
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--config", required=True)
@@ -304,13 +328,15 @@ def main(argv=None):
     mode.add_argument("--once", action="store_true", help="one round, then exit")
     mode.add_argument("--readmit", action="store_true",
                       help="an operator's re-admission: the checks once, then the record cleared and Ray started")
+    mode.add_argument("--leave", action="store_true",
+                      help="the node leaves the cluster (remove-node): its circuit breaker place freed at once")
     args = parser.parse_args(argv)
     config = load_json(args.config, None)
     if config is None:
         print("no configuration at %s" % args.config, file=sys.stderr)
         return 2
-    if args.readmit:
-        code, out = operator_readmit(config)
+    if args.readmit or args.leave:
+        code, out = operator_readmit(config) if args.readmit else leave(config)
         print(out, flush=True)
         return code
     while True:
