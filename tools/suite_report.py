@@ -107,6 +107,11 @@ def playbook_runs(directory: Path) -> list[tuple[float, float, float, int, str, 
     return rows
 
 
+def per_lab(rows: list[tuple], lab_at: int) -> list[tuple[str, list[tuple]]]:
+    """The rows grouped by their lab (the field at lab_at), labs in order."""
+    return [(lab, [row for row in rows if row[lab_at] == lab]) for lab in sorted({row[lab_at] for row in rows})]
+
+
 def main(argv: list[str]) -> int:
     directory = Path(argv[1] if len(argv) > 1 else "artifacts")
     rows = phases(directory / "phases.tsv")
@@ -133,8 +138,7 @@ def main(argv: list[str]) -> int:
     spent = costs(directory)
     if spent:
         print("=== CPU of the lab tests (controller: ansible and the tests' own commands; nodes: the lab's containers)")
-        for lab in sorted({row[4] for row in spent}):
-            mine = [row for row in spent if row[4] == lab]
+        for lab, mine in per_lab(spent, 4):
             print(f"  {lab}: {sum(r[2] for r in mine) / 60:5.1f} min of tests, controller "
                   f"{sum(r[1] for r in mine):6.0f} CPU-s, nodes {sum(r[0] - r[1] for r in mine):6.0f} CPU-s")
         print("  the ten that cost the most CPU:")
@@ -144,8 +148,7 @@ def main(argv: list[str]) -> int:
     runs = playbook_runs(directory)
     if runs:
         print("=== playbook runs of the lab tests (ok: task-host pairs that ran; a fast-path run has few)")
-        for lab in sorted({row[6] for row in runs}):
-            mine = [row for row in runs if row[6] == lab]
+        for lab, mine in per_lab(runs, 6):
             print(f"  {lab}: {len(mine)} runs, {sum(r[0] for r in mine):6.0f} CPU-s (controller "
                   f"{sum(r[1] for r in mine):6.0f}), {sum(r[2] for r in mine) / 60:5.1f} min")
         print("  the ten that cost the most CPU:")
