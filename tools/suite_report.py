@@ -75,35 +75,35 @@ def slowest(directory: Path, count: int = 10) -> list[tuple[float, str, str]]:
     return sorted(tests, reverse=True)[:count]
 
 
-def costs(directory: Path) -> list[tuple[float, float, float, str, str]]:
-    rows = []
-    for path in sorted(directory.glob("cost-*.tsv")):
+def tsv_lines(directory: Path, prefix: str, fields: int):
+    """(lab, fields) of every line of ARTIFACTS_DIR/<prefix>-<lab>.tsv with that many tab-separated fields."""
+    for path in sorted(directory.glob(f"{prefix}-*.tsv")):
         for line in path.read_text().splitlines():
             parts = line.split("\t")
-            if len(parts) != 4:
-                continue
-            try:
-                wall, controller, nodes = (float(p) for p in parts[1:])
-            except ValueError:
-                continue
-            rows.append((controller + nodes, controller, wall, parts[0].replace("tests/lab/", ""), path.stem[5:]))
+            if len(parts) == fields:
+                yield path.stem.removeprefix(f"{prefix}-"), parts
+
+
+def costs(directory: Path) -> list[tuple[float, float, float, str, str]]:
+    rows = []
+    for lab, parts in tsv_lines(directory, "cost", 4):
+        try:
+            wall, controller, nodes = (float(p) for p in parts[1:])
+        except ValueError:
+            continue
+        rows.append((controller + nodes, controller, wall, parts[0].replace("tests/lab/", ""), lab))
     return rows
 
 
 def playbook_runs(directory: Path) -> list[tuple[float, float, float, int, str, str, str]]:
     rows = []
-    for path in sorted(directory.glob("playbooks-*.tsv")):
-        for line in path.read_text().splitlines():
-            parts = line.split("\t")
-            if len(parts) != 8:
-                continue
-            try:
-                wall, controller, nodes = (float(p) for p in parts[3:6])
-                ok = int(parts[6])
-            except ValueError:
-                continue
-            run = f"{parts[1]} {parts[2]}".strip()
-            rows.append((controller + nodes, controller, wall, ok, run, parts[0], path.stem.removeprefix("playbooks-")))
+    for lab, parts in tsv_lines(directory, "playbooks", 8):
+        try:
+            wall, controller, nodes = (float(p) for p in parts[3:6])
+            ok = int(parts[6])
+        except ValueError:
+            continue
+        rows.append((controller + nodes, controller, wall, ok, f"{parts[1]} {parts[2]}".strip(), parts[0], lab))
     return rows
 
 
