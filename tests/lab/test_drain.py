@@ -129,13 +129,15 @@ def test_maintenance_drains_a_busy_worker_runs_the_command_and_brings_it_back(cl
         restore(lab)
 
 
-def test_remove_node_drains_stops_and_firewalls_the_worker_out_then_site_restores_it(cluster, lab):
+def test_remove_node_drains_stops_and_firewalls_the_worker_out_then_site_restores_it(cluster, lab, tmp_path):
     removed_ip = lab[WORKER2]["lab_fabric_ip"]
     assert gcs_probe(lab, WORKER2) == "open", "worker2 cannot reach the GCS before the removal: the probe proves nothing"
+    # The worker to remove is short of room in Ray's temp dir (the deploy's preflight would refuse it: a minimum it
+    # cannot meet): a sick node is what gets removed, so remove-node's checks leave that one out.
+    sick = labkit.inventory_copy(tmp_path, {WORKER2: {"ray_temp_dir_min_free_mb": 100_000_000}})
     try:
         started = time.monotonic()
-        rc, out, _ = labkit.run_playbook("playbooks/remove-node.yml", labkit.LAB_INVENTORY,
-                                      "-e", f"raymetal_remove_hosts={WORKER2}")
+        rc, out, _ = labkit.run_playbook("playbooks/remove-node.yml", sick, "-e", f"raymetal_remove_hosts={WORKER2}")
         removal = time.monotonic() - started
         assert rc == 0, out
         assert "remove them from the inventory" in " ".join(out.split()) or "delete them from the inventory" in " ".join(out.split())
@@ -149,8 +151,7 @@ def test_remove_node_drains_stops_and_firewalls_the_worker_out_then_site_restore
         assert labkit.alive_ips(lab) == {lab[HEAD]["lab_fabric_ip"], lab[WORKER1]["lab_fabric_ip"]}
 
         started = time.monotonic()
-        rc, again, stats = labkit.run_playbook("playbooks/remove-node.yml", labkit.LAB_INVENTORY,
-                                        "-e", f"raymetal_remove_hosts={WORKER2}")
+        rc, again, stats = labkit.run_playbook("playbooks/remove-node.yml", sick, "-e", f"raymetal_remove_hosts={WORKER2}")
         rerun = time.monotonic() - started
         assert rc == 0, again
         changed = {host: counts["changed"] for host, counts in stats.items()}
