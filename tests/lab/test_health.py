@@ -329,8 +329,7 @@ def test_a_worker_off_the_fabric_is_quarantined_and_comes_back_by_itself(cluster
         # otherwise it would hold it for good (its loop stops with it), and with the lab's limit of one no later
         # fault anywhere would be quarantined. Worker2 quarantined (its GPU lost, as worker1's was) holds place 0;
         # removed, its loop is stopped and disabled and the GCS has no place left. The final deploy brings it back.
-        # (Not its temp dir filled: remove-node.yml runs the deploy's checks on every node first, and those refuse a
-        # temp dir below ray_temp_dir_min_free_mb, so that a worker with a full temp dir cannot be removed.)
+        # (tests/lab/test_drain.py removes a worker short of room in its temp dir.)
         gpu_fault(WORKER2, lost=True)
         labkit.wait_until(lambda: (state(WORKER2) or {}).get("breaker_slot") == 0, 60, 1,
                           f"{WORKER2} quarantined in place 0")
