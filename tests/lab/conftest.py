@@ -90,22 +90,34 @@ def _nodes_cpu_between(before: dict[str, float], after: dict[str, float]) -> flo
     return sum(now - before[cid] if now >= before.get(cid, now + 1) else now for cid, now in after.items())
 
 
+class _Measure:
+    """Wall time, the controller's CPU (this process's waited-for children) and the lab containers' CPU, from its
+    creation to done()."""
+
+    def __init__(self):
+        self.start, self.nodes = time.monotonic(), _lab_containers_cpu()
+        self.children = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    def done(self) -> str:
+        """'wall<TAB>controller<TAB>nodes', seconds."""
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        controller = (after.ru_utime + after.ru_stime) - (self.children.ru_utime + self.children.ru_stime)
+        return (f"{time.monotonic() - self.start:.1f}\t{controller:.1f}\t"
+                f"{_nodes_cpu_between(self.nodes, _lab_containers_cpu()):.1f}")
+
+
 @contextlib.contextmanager
 def _cost(name: str):
     path = os.environ.get("RAYMETAL_TEST_COST")
     if not path:
         yield
         return
-    start, nodes = time.monotonic(), _lab_containers_cpu()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    measure = _Measure()
     try:
         yield
     finally:
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        controller = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
         with open(path, "a") as out:
-            out.write(f"{name}\t{time.monotonic() - start:.1f}\t{controller:.1f}\t"
-                      f"{_nodes_cpu_between(nodes, _lab_containers_cpu()):.1f}\n")
+            out.write(f"{name}\t{measure.done()}\n")
 
 
 @pytest.fixture(autouse=True)
@@ -150,19 +162,16 @@ def _playbook_costs():
     real_run = ansible_runner.run
 
     def measured_run(**kwargs):
-        start, nodes = time.monotonic(), _lab_containers_cpu()
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        measure = _Measure()
         result = real_run(**kwargs)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        controller = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        figures = measure.done()
         stats = getattr(result, "stats", None) or {}
         # "<nodeid> (setup)" while a fixture runs it (the session's first deploy: before the first test).
         test, _, phase = os.environ.get("PYTEST_CURRENT_TEST", "? (session)").replace("tests/lab/", "").partition(" ")
         test += "" if phase == "(call)" else f" {phase}"
         with open(path, "a") as out:
             out.write(f"{test}\t{os.path.basename(str(kwargs.get('playbook', '')))}\t{_run_options(kwargs)}\t"
-                      f"{time.monotonic() - start:.1f}\t{controller:.1f}\t{_nodes_cpu_between(nodes, _lab_containers_cpu()):.1f}\t"
-                      f"{sum((stats.get('ok') or {}).values())}\t{sum((stats.get('changed') or {}).values())}\n")
+                      f"{figures}\t{sum((stats.get('ok') or {}).values())}\t{sum((stats.get('changed') or {}).values())}\n")
         return result
 
     ansible_runner.run = measured_run

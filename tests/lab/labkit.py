@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -287,13 +288,20 @@ def webhook_recorder(node: str) -> Iterator[str]:
         sh(node, f"systemctl stop raymetal-test-webhook; rm -f /tmp/raymetal-test-webhook.py {WEBHOOK_LOG}", check=False)
 
 
-def webhook_first_firing(node: str, host: str, after: float = 0.0):
-    """(when, alert names) of the first notification the recorder on node got at or after `after` (epoch seconds)
-    with an alert firing for host; None before there is one."""
+@functools.cache
+def _webhook_recorder_module():
+    """lab/webhook_recorder.py as a module (it is a script copied to the node, not a package): loaded once."""
     spec = importlib.util.spec_from_file_location("webhook_recorder", ROOT / "lab" / "webhook_recorder.py")
     recorder = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recorder)
-    return recorder.first_firing(sh(node, f"cat {WEBHOOK_LOG} 2>/dev/null", check=False).stdout, host, after)
+    return recorder
+
+
+def webhook_first_firing(node: str, host: str, after: float = 0.0):
+    """(when, alert names) of the first notification the recorder on node got at or after `after` (epoch seconds)
+    with an alert firing for host; None before there is one."""
+    return _webhook_recorder_module().first_firing(sh(node, f"cat {WEBHOOK_LOG} 2>/dev/null", check=False).stdout,
+                                                   host, after)
 
 
 @contextlib.contextmanager
