@@ -47,15 +47,8 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
-attributes:
-  check_mode:
-    support: full
-  platform:
-    platforms: posix
-  diff_mode:
-    support: none
-  facts:
-    support: full
+  - raymetal.cluster.attributes
+  - raymetal.cluster.attributes.facts
 notes:
   - Needs the C(ip) command from iproute2 with JSON output (C(-j)).
   - Reads nothing but sysfs and the output of C(ip); changes nothing.

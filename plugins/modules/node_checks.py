@@ -98,15 +98,8 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
-attributes:
-  check_mode:
-    support: full
-  platform:
-    platforms: posix
-  diff_mode:
-    support: none
-  facts:
-    support: full
+  - raymetal.cluster.attributes
+  - raymetal.cluster.attributes.facts
 notes:
   - Standard library only on the node; reads sysfs, C(/proc/driver/nvidia) and the kernel log, and runs only
     C(dpkg-query) or C(rpm) and, where GPUs are on the PCI bus, one C(nvidia-smi) query.

@@ -78,6 +78,9 @@ options:
             C(validate) does. A non-zero exit leaves the file as it was and fails the task with the
             command's output. Not run in check mode, nor when the content is unchanged.
         type: str
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - raymetal.cluster.attributes.files
 author:
   - raymetal contributors (@raymetal)
 """

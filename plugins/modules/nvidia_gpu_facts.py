@@ -42,6 +42,11 @@ options:
     description: nvidia-smi executable; looked up on PATH when empty.
     type: str
     default: ""
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
+  - raymetal.cluster.attributes
+  - raymetal.cluster.attributes.facts
 notes:
   - Supports check mode; it only reads.
 """

@@ -66,13 +66,7 @@ options:
     default: true
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  platform:
-    platforms: posix
-  diff_mode:
-    support: none
+  - raymetal.cluster.attributes
 notes:
   - Ray's REST API does not report the operating-system hostname of a node; C(hostname)
     is the inventory name whose fabric IP in I(expected_nodes) matches, else Ray's node name.
