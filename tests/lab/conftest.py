@@ -61,6 +61,36 @@ def cluster(lab):
     return facts
 
 
+# --- No false quarantine (issue 36) ---------------------------------------------------------------------------------
+# The lab's inventory runs the node health loop on every node for the whole session (health_enabled in
+# inventory/lab/group_vars). A test that makes faults the loop should see asks for health_faults, which notes when it
+# ran. At the end of the session every node's loop is read: a quarantine or a sick head outside those windows (its
+# journal, this boot), or a quarantine record still held (its state file, which survives the lab's reboots), fails the
+# session with the node, the time and the loop's own line.
+_FAULT_WINDOWS: list[tuple[float, float]] = []
+
+
+@pytest.fixture
+def health_faults():
+    """Declares that this test makes faults the health loop should act on (quarantines are expected meanwhile)."""
+    start = time.time()
+    try:
+        yield
+    finally:
+        _FAULT_WINDOWS.append((start, time.time()))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_false_quarantine():
+    start = time.time()
+    yield
+    if not (labkit.LAB_INVENTORY / "hosts.yml").exists():
+        return
+    found = labkit.false_quarantines(labkit.lab_hosts(), start, _FAULT_WINDOWS)
+    assert found == [], ("the health loop quarantined a node no test made sick (or still holds one):\n"
+                         + "\n".join(found))
+
+
 # --- What each test costs (tools/e2e.sh sets RAYMETAL_TEST_COST to a file) ------------------------------------------
 # One line per test: its wall time, the CPU of what it ran on the controller (ansible-playbook and every other child
 # this pytest process waited for), and the CPU of this lab's containers (their cgroups). The machine running the

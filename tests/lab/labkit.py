@@ -270,6 +270,41 @@ def wait_until(predicate, timeout: float, interval: float = 2.0, what: str = "co
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+# What the health loop prints when it acts on a node (roles/health/files/raymetal_health_agent.py): a quarantine, a
+# FAIL the circuit breaker held back, a worse (hardware) finding, a sick head.
+HEALTH_ACTS = (" quarantined (", "circuit breaker is open", "now has a hardware fault", "is sick")
+HEALTH_STATE = "/var/lib/raymetal-health/state.json"
+
+
+def false_quarantines(hosts, since: float, windows, run=None) -> list[str]:
+    """What each node's health loop did to a healthy node: its lines of HEALTH_ACTS in its journal since `since`
+    (epoch seconds; this boot's journal) outside the (start, end) windows of the tests that made faults, and the
+    quarantine records still held (the state file survives the lab's reboots). Empty when nothing. run(node, script)
+    returns the script's output (default: sh on the node)."""
+    run = run or (lambda node, script: sh(node, script, check=False).stdout)
+    found = []
+    for name in hosts:
+        journal = run(name, f"journalctl -u raymetal-health -o short-unix --no-pager --since @{int(since)}")
+        for line in journal.splitlines():
+            stamp, _, text = line.partition(" ")
+            if not any(act in text for act in HEALTH_ACTS):
+                continue
+            try:
+                when = float(stamp)
+            except ValueError:
+                continue
+            if not any(start <= when <= end for start, end in windows):
+                found.append(f"{name}: {line.strip()}")
+        held = run(name, f"cat {HEALTH_STATE} 2>/dev/null")
+        try:
+            record = json.loads(held).get("record") if held.strip() else None
+        except (ValueError, AttributeError):
+            record = None
+        if record:
+            found.append(f"{name}: still quarantined at the end: {json.dumps(record, sort_keys=True)}")
+    return found
+
+
 WEBHOOK_PORT = 9099
 WEBHOOK_LOG = "/tmp/raymetal-test-webhook.log"
 

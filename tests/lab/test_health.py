@@ -1,7 +1,7 @@
 """The node health loop on the lab (roles/health, issue 36): a worker off the fabric is quarantined and comes back.
 
-The health loop is off by default, so this module deploys the lab with it on (a copy of the lab inventory with
-health_enabled and a short interval), takes ib0 down on a worker (the real fault: the link Ray's address is on),
+The lab runs the health loop on every node (its inventory sets health_enabled; the loop is off by default for a site);
+this module deploys it with a short interval (a copy of the lab inventory), takes ib0 down on a worker (the real fault: the link Ray's address is on),
 and sees that worker's own loop drain and stop Ray there, keep the record and the metric, the head's Alertmanager
 page a webhook within 30 s, while every other node keeps its raylet; then brings ib0 up and sees the worker ALIVE in the cluster again with nobody running anything.
 Then a GPU fault the loop finds itself (the recorded HGX H100 tree's eight GPUs, a stand-in nvidia-smi, the
@@ -11,8 +11,8 @@ refuses it while the GPU is lost; repaired, the loop still does not re-admit it,
 worker's Ray temp dir (a tmpfs of its own) filled with fallocate, the first worker quarantined as transient, the
 second kept running with the breaker's metric and reason; both freed, the first re-admitted by its loop; the
 second, quarantined for a lost GPU and removed with playbooks/remove-node.yml, gives its place back at once. It ends
-with the deploy of the lab's own inventory (health_enabled false): the loop is stopped, disabled and removed
-everywhere, and the lab is as the other tests expect it.
+with a deploy with health_enabled false: the loop is stopped, disabled and removed everywhere; then the lab's own
+inventory starts it again, and the lab is as the other tests expect it.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def ib0_restored(name, ip):
                     f"ip address add {ip}/24 dev ib0", check=False)
 
 
-def test_a_worker_off_the_fabric_is_quarantined_and_comes_back_by_itself(cluster, lab, tmp_path):
+def test_a_worker_off_the_fabric_is_quarantined_and_comes_back_by_itself(cluster, lab, tmp_path, health_faults):
     w1_ip = lab[WORKER1]["lab_fabric_ip"]
     inventory = labkit.inventory_copy(tmp_path, {name: HEAD_VARS if name == HEAD else WORKER_VARS for name in lab})
     recorder = contextlib.ExitStack()
@@ -347,8 +347,8 @@ def test_a_worker_off_the_fabric_is_quarantined_and_comes_back_by_itself(cluster
         ib0_restored(WORKER1, w1_ip)
         for name in (WORKER1, WORKER2):
             labkit.sh(name, f"rm -f {FILL}; rm -rf {GPU_DIR}", check=False)
-        # Switched off (the lab's own inventory): stopped, disabled, removed on every node; Ray everywhere.
-        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+        # Switched off: stopped, disabled, removed on every node; Ray everywhere.
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", "health_enabled=false")
     for name in (WORKER1, WORKER2):
         labkit.sh(name, f"umount -l {TMPFS}; rmdir {TMPFS}", check=False)
     # The loop's switch-off keeps its state (a quarantine is remembered if it is switched on again): this test's
@@ -361,3 +361,8 @@ def test_a_worker_off_the_fabric_is_quarantined_and_comes_back_by_itself(cluster
         left = labkit.sh(name, "ls -d " + " ".join(INSTALLED) + f" {PROM} 2>/dev/null", check=False).stdout.split()
         assert left == [], (name, left)
     assert labkit.alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
+    # The lab's own inventory: the loop on every node again, at its default interval, for the tests after this one.
+    rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    assert rc == 0, out[-6000:]
+    for name in lab:
+        assert unit(name, "raymetal-health")["ActiveState"] == "active", name
