@@ -27,6 +27,9 @@ Usage (from the repository root):
     .venv/bin/python bench/deploy/run.py --single-floor --top 15
     .venv/bin/python bench/deploy/run.py --baseline 4d9246c --strategy linear -e monitoring_enabled=false
 
+The lab inventory runs the monitoring and the node health loop (health_enabled), which the floor does
+not install: `-e monitoring_enabled=false -e health_enabled=false` compares like with like.
+
 Exits 0 when every phase ran (targets MET or MISSED are printed, not turned into an exit
 status), 1 on an error, 130 when interrupted.
 """
