@@ -409,7 +409,7 @@ def test_a_release_that_did_not_get_through_is_done_by_a_later_round(tmp_path):
 def test_a_node_that_leaves_the_cluster_frees_its_place_at_once(tmp_path):
     """remove-node (--leave): a quarantined worker's place, and a re-admitted one's held for its window, are
     deleted at once, so that the next worker's fault is quarantined; a GCS out of reach is an error, not a
-    silent success."""
+    silent success, for a node that holds a place."""
     agent = load_agent(tmp_path)
     w1, w2 = breaker_config(tmp_path, "w1", window_s=600), breaker_config(tmp_path, "w2", window_s=600)
     agent.one_round(w1, 100, inputs())
@@ -429,4 +429,8 @@ def test_a_node_that_leaves_the_cluster_frees_its_place_at_once(tmp_path):
     assert agent.one_round(w2, 140, inputs())[2] == "readmit" and kv(tmp_path)
     assert json.loads(agent.leave(w2, 150)[1]) == {"released": True, "held": True, "slot": None}
     assert kv(tmp_path) == {} and "breaker_free_at" not in state_of(w2)
-    assert json.loads(agent.leave(w1, 160)[1]) == {"released": True, "held": False, "slot": None}
+    # One that holds none asks nothing of the GCS: a removed node, firewalled out of it, leaves again (the rerun).
+    w1["breaker"]["gcs"] = "unreachable:6379"
+    code, out = agent.leave(w1, 160)
+    assert (code, json.loads(out)) == (0, {"released": False, "held": False, "slot": None,
+                                           "why": "this node holds no place in the circuit breaker"})

@@ -305,13 +305,18 @@ def leave(config, now=None):
     """playbooks/remove-node.yml, with the loop stopped: the node leaves the cluster, so its place in the circuit
     breaker (held while it is quarantined, or for the window after a re-admission) is freed at once. Returns
     (exit code, what to print): {"released": true, "held": whether it held a place, "slot": the place it held while
-    quarantined or None}, or the error (exit 1)."""
+    quarantined or None}, or the error (exit 1). A node whose state holds no place asks nothing of the GCS."""
     now = time.time() if now is None else now
     state = load_json(config["state_path"], {"record": None, "kmsg_seq": -1})
     slot = state.get("breaker_slot")
     held = slot is not None or state.get("breaker_free_at") is not None
     if not config.get("breaker"):
         return 0, json.dumps({"released": False, "held": False, "slot": None, "why": "no circuit breaker on this node"})
+    if not held:
+        # Nothing to free, so the GCS is not asked: a node removed once is firewalled out of it, and a rerun of the
+        # removal must still succeed (and change nothing).
+        return 0, json.dumps({"released": False, "held": False, "slot": None,
+                              "why": "this node holds no place in the circuit breaker"})
     answer = breaker_call(dict(config, breaker=dict(config["breaker"], window_s=0)), "release", now)
     if "error" in answer:
         return 1, json.dumps({"released": False, "held": held, "slot": slot, "error": answer["error"]})
