@@ -47,7 +47,7 @@ HEAD_VARS = dict(HEALTH_VARS, monitoring_alert_node_down_for="10s", monitoring_a
                  monitoring_alertmanager_group_interval="10s",
                  monitoring_alertmanager_webhooks=[f"http://127.0.0.1:{labkit.WEBHOOK_PORT}/"])
 FILL = f"{TMPFS}/raymetal-test-fill"
-STATE = "/var/lib/raymetal-health/state.json"
+STATE = labkit.HEALTH_STATE
 PROM = "/var/lib/prometheus/node-exporter/raymetal_health.prom"
 # What the role installs (its switch-off removes these and nothing else).
 INSTALLED = ["/etc/systemd/system/raymetal-health.service", "/etc/raymetal/health.json",

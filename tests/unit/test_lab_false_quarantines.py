@@ -4,8 +4,11 @@ tests/lab/conftest.py): which of the health loop's lines and records count again
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tests.lab import labkit
+
+AGENT = Path(labkit.ROOT) / "roles" / "health" / "files" / "raymetal_health_agent.py"
 
 # journalctl -o short-unix lines of raymetal-health, as the agent prints them (roles/health/files/raymetal_health_agent.py).
 JOURNAL = {
@@ -49,3 +52,9 @@ def test_a_healthy_lab_passes():
     def run(node, script):
         return "" if script.startswith("journalctl") else json.dumps({"record": None}) if node != "head" else ""
     assert labkit.false_quarantines(list(quiet), 900, [], run=run) == []
+
+
+def test_every_line_the_check_looks_for_is_one_the_agent_prints():
+    """A phrase the agent no longer prints would make the check pass whatever the loop did: each must be in it."""
+    source = AGENT.read_text()
+    assert [act for act in labkit.HEALTH_ACTS if act.strip() not in source] == []
