@@ -23,7 +23,10 @@ description:
   - "Returns which paths changed (RV(changed_paths)), so that a role can tell which of its files
     changed (a restart reason each) from one result."
   - Supports check mode (nothing is written; what would change is reported) and diff mode (a diff
-    per changed file, left out for entries marked O(files[].secret)).
+    per changed file, left out for the files marked O(files[].secret)).
+  - Ansible logs every module run with its arguments on the node (the journal, or syslog), and shows them in
+    the result at C(-vvv). So the content of a file that holds a secret (a private key, a file with a password)
+    goes in O(secrets), which is never logged, shown or returned, never in O(files[].content).
   - For small configuration files and scripts (their content travels as a module argument);
     large or binary files belong to M(ansible.builtin.copy) or M(ansible.posix.synchronize).
 options:
@@ -45,7 +48,9 @@ options:
         choices: [file, directory, absent]
         default: file
       content:
-        description: The file's whole content (text). Required for C(state=file).
+        description:
+          - The file's whole content (text). Required for C(state=file), unless O(files[].secret) is set.
+          - Logged with the module's other arguments on the node and shown in the diff: never a secret.
         type: str
       owner:
         description: Owner name; unset leaves it as it is (root for a new file).
@@ -57,7 +62,10 @@ options:
         description: Mode as an octal string (C('0644')); unset leaves it as it is (umask for a new file).
         type: raw
       secret:
-        description: Keep this entry out of the diff (a token, a password). Its content is still compared.
+        description:
+          - Whether the file holds a secret (a key, a token, a password). Its content is then
+            the value of O(secrets) for its path, never O(files[].content), and it has no diff.
+          - V(true) with O(files[].content) is refused, since that content has been logged on the node by then.
         type: bool
         default: false
       marker:
@@ -78,6 +86,12 @@ options:
             C(validate) does. A non-zero exit leaves the file as it was and fails the task with the
             command's output. Not run in check mode, nor when the content is unchanged.
         type: str
+  secrets:
+    description:
+      - The contents of the files marked O(files[].secret), by path. Never logged on the node, shown in a diff or
+        returned (Ansible masks each of them in the result).
+    type: dict
+    default: {}
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - raymetal.cluster.attributes.files
@@ -239,9 +253,11 @@ def put(module, entry):
         _attributes(module, entry, True)
         _mark(module, entry, True)
         return True, True, None
-    if entry.get("content") is None:
-        module.fail_json(msg="files: %s has state=file but no content" % path)
-    wanted = to_bytes(entry["content"], errors="surrogate_or_strict")
+    content = module.params["secrets"].get(path) if entry.get("secret") else entry.get("content")
+    if content is None:
+        module.fail_json(msg="files: %s has state=file but no content%s"
+                         % (path, " (a secret file's content is secrets[path])" if entry.get("secret") else ""))
+    wanted = to_bytes(content, errors="surrogate_or_strict")
     if os.path.isdir(path):
         module.fail_json(msg="%s is a directory; a file was asked for" % path)
     current = _read(path)
@@ -276,13 +292,20 @@ def main():
                 validate=dict(type="str"),
                 marker=dict(type="str"),
             )),
+            secrets=dict(type="dict", default={}, no_log=True),
         ),
         supports_check_mode=True,
     )
-    # A secret file's content never comes back in the result (the invocation Ansible prints at -vvv).
+    # secrets is no_log: Ansible leaves it out of the log it writes on the node and masks each content in the
+    # result. (A no_log suboption of files would not do: the log holds the list's repr, where a multi-line
+    # value no longer matches.) A secret given as content has been logged already: refuse it, so that the
+    # role is fixed.
     for entry in module.params["files"]:
-        if entry.get("secret") and entry.get("content"):
+        if entry.get("secret") and entry.get("content") is not None:
             module.no_log_values.add(entry["content"])
+            module.fail_json(msg="files: %s is marked secret but its content was given as content, which Ansible "
+                                 "logs on the node with the module's arguments; give it in secrets (by path)"
+                                 % entry["path"], path=entry["path"])
     changed_paths, created, diffs = [], [], []
     for entry in module.params["files"]:
         if not os.path.isabs(entry["path"]):

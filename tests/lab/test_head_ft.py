@@ -118,6 +118,12 @@ def test_with_gcs_fault_tolerance_a_head_restart_restarts_no_worker_and_keeps_a_
                 key = (inventory / "credentials" / "gcs_redis_tls" / "client.key").read_text()
                 body = "".join(line for line in key.splitlines() if not line.startswith("-----"))
                 assert len(body) > 40 and body[:40] not in out
+                # Nor in the journals of the head and the Redis host, where Ansible logs each module run's arguments
+                # (the keys were there until node_files took secrets in a no_log option).
+                for host, name in ((HEAD, "client.key"), (labkit.WORKER2, "server.key")):
+                    line = (inventory / "credentials" / "gcs_redis_tls" / name).read_text().splitlines()[1][:40]
+                    logged = labkit.sh(host, f"journalctl -q --no-pager -b | grep -cF -- '{line}'", check=False)
+                    assert logged.stdout.strip() == "0", f"{host}'s journal holds the Redis TLS {name}"
             for name in workers:
                 assert "RAY_gcs_rpc_server_reconnect_timeout_s=300" in labkit.sh(name, "cat /etc/ray/ray.env").stdout
             labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, interval=3, what="every node alive")

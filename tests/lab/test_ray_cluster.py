@@ -60,7 +60,7 @@ def test_the_cluster_scenario_s_verify_playbook_passes_on_the_session_deploy(clu
     assert sorted(h for h in stats if h != "localhost") == sorted(lab), stats
     assert all(s["changed"] == 0 and s["failed"] == 0 for s in stats.values()), stats
     # The full path, not the fast one: Ray's files were compared on every node.
-    assert out.count("TASK [ray : Write Ray's directories, environment, unit") == 1 and stats[labkit.WORKER1]["ok"] > 50
+    assert out.count("TASK [ray : Write Ray's directories, token, environment, unit") == 1 and stats[labkit.WORKER1]["ok"] > 50
     assert labkit.invocation_ids(lab) == before
     nets = {"molecule_cluster_fabric_net": head_ip(lab).rsplit(".", 1)[0],
             "molecule_cluster_mgmt_net": lab[HEAD]["ansible_host"].rsplit(".", 1)[0]}
@@ -198,7 +198,7 @@ def test_rerun_changes_nothing_and_keeps_nodes_and_jobs(cluster, lab):
         ran = []
         facts, changed = counting_deploy(labkit.LAB_INVENTORY, {"raymetal_fast_path": False}, ran)
         assert changed == [], changed
-        assert f"{labkit.WORKER1}: Write Ray's directories, environment, unit, labels, cluster description, helpers " \
+        assert f"{labkit.WORKER1}: Write Ray's directories, token, environment, unit, labels, cluster description, helpers " \
                "and session pruner" in ran
         assert labkit.alive_nodes(lab) == nodes_before
         assert labkit.invocation_ids(lab) == units_before
@@ -248,9 +248,9 @@ def test_the_fast_path_sees_drift_and_the_full_deploy_repairs_it(cluster, lab):
     assert labkit.sh(labkit.WORKER1, "systemctl is-active ray-prune-sessions.timer", check=False).stdout.strip() == "active"
     assert changed and all(c.startswith(labkit.WORKER1 + ":") for c in changed), changed
     # The full path ran on worker1 and the head, not on worker2 (which ran only the checks that read).
-    assert f"{labkit.WORKER1}: Write Ray's directories, environment, unit, labels, cluster description, helpers " \
+    assert f"{labkit.WORKER1}: Write Ray's directories, token, environment, unit, labels, cluster description, helpers " \
            "and session pruner" in ran, ran
-    assert f"{HEAD}: Write Ray's directories, environment, unit, labels, cluster description, helpers " \
+    assert f"{HEAD}: Write Ray's directories, token, environment, unit, labels, cluster description, helpers " \
            "and session pruner" in ran, ran
     assert not any(t.startswith(labkit.WORKER2 + ":") and "Write Ray's directories" in t for t in ran), ran
     assert f"{labkit.WORKER2}: Compare the node with the last deploy's record" in ran

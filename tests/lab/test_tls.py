@@ -95,6 +95,10 @@ def test_ray_tls_encrypts_every_grpc_channel_and_off_removes_it(cluster, lab):
         for name in lab:
             key = (ca_dir / f"{name}.key").read_text()
             assert key.splitlines()[1] not in out, f"{name}'s key is in the run's output"
+            # Nor in the node's journal, where Ansible logs each module run's arguments (it was, until node_files
+            # took secrets in a no_log option).
+            logged = labkit.sh(name, f"journalctl -q --no-pager -b | grep -cF -- '{key.splitlines()[1]}'", check=False)
+            assert logged.stdout.strip() == "0", f"{name}'s key is in its journal"
             listing = labkit.sh(name, "stat -c '%n %U:%G %a' /etc/ray/tls/ca.crt /etc/ray/tls/node.crt "
                                       "/etc/ray/tls/node.key").stdout.split("\n")
             assert [line.split()[1:] for line in listing if line] == [

@@ -17,8 +17,8 @@ OWNER = pwd.getpwuid(os.getuid()).pw_name
 GROUP = grp.getgrgid(os.getgid()).gr_name
 
 
-def run(files, check=False, diff=False):
-    args = {"files": files, "_ansible_check_mode": check, "_ansible_diff": diff}
+def run(files, check=False, diff=False, secrets=None):
+    args = {"files": files, "secrets": secrets or {}, "_ansible_check_mode": check, "_ansible_diff": diff}
     outcome, result = run_module(node_files, args)
     if outcome is FailJson:
         raise AssertionError(result["msg"])
@@ -61,8 +61,9 @@ def test_only_the_file_that_differs_is_named_with_its_diff_and_a_secret_has_none
     assert result["diff"] == [{"before_header": files[1]["path"], "after_header": files[1]["path"],
                                "before": "RAY_AUTH_MODE=token\n", "after": "RAY_AUTH_MODE=token\nNCCL_DEBUG=WARN\n"}]
     assert os.stat(files[2]["path"]).st_ino == before  # untouched
-    files[1]["content"], files[1]["secret"] = "token=0123\n", True
-    result = run(files, diff=True)
+    del files[1]["content"]
+    files[1]["secret"] = True
+    result = run(files, diff=True, secrets={files[1]["path"]: "token=0123\n"})
     assert result["changed_paths"] == [files[1]["path"]] and result["diff"] == []
 
 
@@ -107,25 +108,46 @@ def test_bad_entries_fail_with_a_message_that_names_the_path(entry, message):
     assert outcome is FailJson and message in result["msg"]
 
 
-def test_a_secret_files_content_is_masked_in_what_the_module_returns(tmp_path):
-    """Ansible masks a module's no_log values in everything it returns (the invocation shown at -vvv)."""
+def test_a_secret_files_content_is_never_logged_on_the_node_nor_returned(tmp_path):
+    """Ansible logs each module run's arguments on the node (the journal): a secret's content must not be in it."""
     from unittest import mock
 
     from ansible.module_utils import basic
 
-    seen = {}
+    logged, seen = [], {}
     real_init = basic.AnsibleModule.__init__
 
     def remember(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
         seen["module"] = self
 
-    files = [{"path": str(tmp_path / "ray.env"), "content": "RAY_REDIS_PASSWORD=0123abcd\n", "secret": True},
+    def log(self, msg, log_args=None):
+        logged.append("%s %r" % (msg, log_args))
+
+    key = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIJ0123abcd\n-----END PRIVATE KEY-----\n"
+    files = [{"path": str(tmp_path / "node.key"), "secret": True, "mode": "0600"},
              {"path": str(tmp_path / "plain"), "content": "shown\n"}]
-    with mock.patch.object(basic.AnsibleModule, "__init__", remember):
-        run(files)
-    assert "RAY_REDIS_PASSWORD=0123abcd\n" in seen["module"].no_log_values
-    assert "shown\n" not in seen["module"].no_log_values
+    secrets = {files[0]["path"]: key}
+    with mock.patch.object(basic.AnsibleModule, "__init__", remember), \
+            mock.patch.object(basic.AnsibleModule, "log", log):
+        result = run(files, diff=True, secrets=secrets)
+    assert (tmp_path / "node.key").read_text() == key and result["changed_paths"] == [f["path"] for f in files]
+    assert logged and "shown" in " ".join(logged)  # the log was written, with the plain file's content
+    assert not [line for line in logged if "MC4CAQAwBQYDK2VwBCIEIJ0123abcd" in line]
+    assert key in seen["module"].no_log_values and "shown\n" not in seen["module"].no_log_values
+    assert [d["after_header"] for d in result["diff"]] == [files[1]["path"]]
+    assert run(files, secrets=secrets)["changed"] is False
+
+
+def test_a_secret_given_as_content_is_refused(tmp_path):
+    """content is logged on the node before the module can act: a file marked secret must use secret_content."""
+    entry = {"path": str(tmp_path / "ray.env"), "content": "RAY_REDIS_PASSWORD=0123abcd\n", "secret": True}
+    outcome, result = run_module(node_files, {"files": [entry]})
+    assert outcome is FailJson and "give it in secrets" in result["msg"] and entry["path"] in result["msg"]
+    assert not (tmp_path / "ray.env").exists()
+    missing = {"path": str(tmp_path / "x"), "secret": True}
+    outcome, result = run_module(node_files, {"files": [missing], "secrets": {"/elsewhere": "b"}})
+    assert outcome is FailJson and "a secret file's content is secrets[path]" in result["msg"]
 
 
 def test_validate_checks_new_content_before_it_replaces_the_file(tmp_path):

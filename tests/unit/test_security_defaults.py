@@ -132,9 +132,40 @@ def test_ray_env_and_the_token_never_show_in_a_diff():
     tasks = yaml.safe_load((ROOT / "roles" / "ray" / "tasks" / "configure.yml").read_text())
     files = next(t for t in tasks if "raymetal.cluster.node_files" in t)["vars"]["__ray_config_files"]
     env = next(f for f in files if f["path"] == "{{ ray_config_dir }}/ray.env")
-    assert env["secret"] is True
-    token = next(t for t in tasks if t.get("register") == "__ray_token_file")
-    assert token["no_log"] is True and token["diff"] is False
+    assert env["secret"] is True and "content" not in env
+    # The token is written by the same task, as a secret: never logged on the node, in a diff or returned.
+    token = next(f for f in files if f["path"] == "{{ ray_auth_token_path }}")
+    assert token["secret"] is True and "content" not in token and token["mode"] == "0600"
+    task = next(t for t in tasks if "raymetal.cluster.node_files" in t)
+    assert "ray_auth_token_path: __ray_token_content" in task["raymetal.cluster.node_files"]["secrets"]
+    assert task["vars"]["__ray_token_content"] == "{{ __ray_auth_token }}\n"
+
+
+def test_no_private_key_or_secret_file_reaches_the_nodes_journal():
+    """Ansible logs a module's arguments on the node: the TLS keys and ray.env were in every node's journal.
+
+    node_files takes a secret file's content in its no_log option secrets (by path), never as content.
+    """
+    import re
+
+    found = 0
+    for path in sorted((ROOT / "roles").glob("*/tasks/*.yml")):
+        for task in yaml.safe_load(path.read_text()) or []:
+            if "raymetal.cluster.node_files" not in task:
+                continue
+            found += 1
+            text = yaml.safe_dump(task, width=10000)
+            # A key file's content given as content (the key's lookup on a content line).
+            leaks = [line for line in text.splitlines() if "content" in line and re.search(r"\.key\b|/server\.key", line)
+                     and "secrets" not in line]
+            assert not leaks, f"{path.relative_to(ROOT)}: a key's content given as content: {leaks}"
+            if "secret" in text:
+                assert "secrets" in task["raymetal.cluster.node_files"], f"{path.relative_to(ROOT)}: {task['name']}"
+    assert found >= 5
+    configure = yaml.safe_load((ROOT / "roles" / "ray" / "tasks" / "configure.yml").read_text())
+    task = next(t for t in configure if "raymetal.cluster.node_files" in t)
+    for key in ("__ray_tls_key", "__ray_redis_tls_key", "ray.env"):
+        assert key in task["raymetal.cluster.node_files"]["secrets"], key
 
 
 def test_redis_config_is_roots_and_config_rewrite_cannot_persist():
@@ -146,6 +177,7 @@ def test_redis_config_is_roots_and_config_rewrite_cannot_persist():
     files = next(t for t in tasks if "raymetal.cluster.node_files" in t)["raymetal.cluster.node_files"]["files"]
     conf = next(f for f in files if f["path"] == "{{ __gcs_redis_conf }}")
     assert (conf["owner"], conf["group"], conf["mode"], conf["secret"]) == ("root", "redis", "0640", True)
+    assert "content" not in conf
     template = (ROOT / "roles" / "gcs_redis" / "templates" / "raymetal-gcs.conf.j2").read_text()
     assert 'rename-command CONFIG ""' in template.splitlines()
 
