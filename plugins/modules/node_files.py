@@ -50,7 +50,7 @@ options:
       content:
         description:
           - The file's whole content (text). Required for C(state=file), unless O(files[].secret) is set.
-          - Logged with the module's other arguments on the node and shown in the diff: never a secret.
+          - Logged with the module's other arguments on the node and shown in the diff, so never a secret.
         type: str
       owner:
         description: Owner name; unset leaves it as it is (root for a new file).

@@ -58,6 +58,19 @@ def test_plugin_docs_are_yaml(path):
         if name.startswith("DOCUMENTATION"):
             assert isinstance(loaded, dict) and loaded.get("short_description"), (path, name)
             assert all(isinstance(d, str) for d in loaded.get("description", [])), (path, name)
+            # Every option's description too, suboptions included (a ": " in a list item made one a mapping).
+            assert not _not_text(loaded.get("options") or {}), (path, name, _not_text(loaded.get("options") or {}))
+
+
+def _not_text(options, prefix=""):
+    """The options (dotted) whose description is not a string or a list of strings."""
+    bad = []
+    for key, spec in options.items():
+        text = spec.get("description")
+        if not (isinstance(text, str) or (isinstance(text, list) and all(isinstance(d, str) for d in text))):
+            bad.append(prefix + key)
+        bad += _not_text(spec.get("suboptions") or {}, prefix + key + ".")
+    return bad
 
 
 def test_the_plugins_have_docs_to_check():
