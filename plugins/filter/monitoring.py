@@ -111,6 +111,23 @@ def monitoring_targets_summary(targets_response):
     return {"up": len(active) - len(down), "total": len(active), "down": sorted(down)}
 
 
+TARGET_FILE_HEADER = "# Managed by Ansible (raymetal monitoring role); local edits are overwritten.\n"
+
+
+def monitoring_target_files(jobs, directory):
+    """The node_files entries of the file_sd files, one per job: DIRECTORY/JOB.yml, root's, 0644, in job order."""
+    # Here, not at the file's import: Ansible imports every filter file for each task. Ansible's own
+    # to_nice_yaml, as the copy task used, represents what Ansible hands a filter (its lazy containers).
+    from ansible.plugins.filter.core import to_nice_yaml
+
+    if not isinstance(jobs, dict):
+        raise ValueError("monitoring_target_files takes {job: [file_sd entry, ...]}, got %s" % type(jobs).__name__)
+    return [{"path": "%s/%s.yml" % (str(directory).rstrip("/"), job),
+             "content": TARGET_FILE_HEADER + to_nice_yaml(targets, indent=2),
+             "owner": "root", "group": "root", "mode": "0644"}
+            for job, targets in sorted(jobs.items())]
+
+
 def monitoring_tunnel_command(address, port, ssh=None):
     """The SSH tunnel that brings address:port to 127.0.0.1:port on a workstation.
 
@@ -128,5 +145,6 @@ class FilterModule(object):
             "monitoring_scrape_targets": monitoring_scrape_targets,
             "monitoring_ports": monitoring_ports,
             "monitoring_targets_summary": monitoring_targets_summary,
+            "monitoring_target_files": monitoring_target_files,
             "monitoring_tunnel_command": monitoring_tunnel_command,
         }

@@ -96,3 +96,22 @@ def test_dcgm_and_grafana_ports_follow_the_metrics_and_admin_rules():
     # Not on the head: the head's dashboard must reach Grafana over the fabric.
     assert ports["grafana"] == {"name": "grafana", "port": 3000, "proto": "tcp", "scope": "all", "admin": True}
     assert {p["name"] for p in mon.monitoring_ports(False, False, 9090, 9100, None, 3000)} == {"node_exporter"}
+
+
+def test_the_target_files_are_one_node_files_entry_per_job_with_the_targets_as_yaml():
+    import yaml
+
+    jobs = {"ray_node": [{"targets": ["10.0.0.2:6384"], "labels": {"host": "w1"}}],
+            "node": [{"targets": ["10.0.0.1:9100"], "labels": {"host": "head"}}]}
+    files = mon.monitoring_target_files(jobs, "/etc/prometheus/raymetal/targets/")
+    assert [f["path"] for f in files] == ["/etc/prometheus/raymetal/targets/node.yml",
+                                         "/etc/prometheus/raymetal/targets/ray_node.yml"]
+    assert all((f["owner"], f["group"], f["mode"]) == ("root", "root", "0644") for f in files)
+    assert files[0]["content"].startswith("# Managed by Ansible (raymetal monitoring role)")
+    assert yaml.safe_load(files[1]["content"]) == jobs["ray_node"]
+    # As the copy task wrote them before (the role's to_nice_yaml(indent=2) under the header), so that an upgrade
+    # rewrites none: a file taken from the lab's monitoring host.
+    assert files[0]["content"] == (
+        "# Managed by Ansible (raymetal monitoring role); local edits are overwritten.\n"
+        "- labels:\n    host: head\n  targets:\n  - 10.0.0.1:9100\n")
+    assert mon.monitoring_target_files({}, "/x") == []

@@ -98,8 +98,12 @@ def test_the_configuration_with_its_target_files_passes_promtool_check_config(re
     (base / "raymetal" / "rules").mkdir(parents=True)
     (base / "raymetal" / "targets").mkdir(parents=True)
     shutil.copy(rendered / "raymetal-alerts.yml", base / "raymetal" / "rules" / "raymetal-alerts.yml")
-    for job, entries in json.loads((rendered / "jobs.json").read_text()).items():
-        (base / "raymetal" / "targets" / ("%s.yml" % job)).write_text(yaml.safe_dump(entries))
+    # The files the role writes (raymetal.cluster.monitoring_target_files through Ansible), one per job.
+    files = json.loads((rendered / "target_files.json").read_text())
+    assert [f["path"] for f in files] == ["/etc/prometheus/raymetal/targets/%s.yml" % job
+                                          for job in sorted(json.loads((rendered / "jobs.json").read_text()))]
+    for entry in files:
+        (base / "raymetal" / "targets" / entry["path"].rsplit("/", 1)[1]).write_text(entry["content"])
     config = (rendered / "prometheus.yml").read_text().replace("/etc/prometheus/raymetal", str(base / "raymetal"))
     (base / "prometheus.yml").write_text(config)
     rc, out = run("check", "config", str(base / "prometheus.yml"))
