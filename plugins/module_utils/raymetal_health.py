@@ -372,6 +372,19 @@ def last_seq(records, state):
     return max([rec["seq"] for rec in records] + [state.get("kmsg_seq", -1)])
 
 
+def before_the_loop(found):
+    """A hardware Xid the first round read, logged before this loop started: a warning, not a fault to act on.
+
+    A fresh loop (no state yet: just installed, or its state removed) reads the log since boot. An Xid
+    there may predate a GPU reset or a repair; what the GPU is now, the same round's other checks say (the GPU
+    lost from the driver, nvidia-smi's health), and those still quarantine. Other findings are unchanged.
+    """
+    if found["check"] != "gpu_xid" or found["severity"] != "fail":
+        return found
+    return finding("warn", "gpu_xid", found["subject"], "%s, logged before this health loop started (not acted on: "
+                   "the GPU's present state is checked apart)" % found["message"])
+
+
 def node_round(config, state, now, read):
     """One round of the node's health loop: (new state, the round's findings, the action).
 
@@ -386,10 +399,14 @@ def node_round(config, state, now, read):
 
     Only kernel log records after ``kmsg_seq`` count, so an Xid is a finding in the round it appears (a
     hardware one quarantines the node until an operator re-admits it; the same line never counts twice).
+    The first round (a state without ``kmsg_seq``: no round ran yet) reads the log since boot, and an Xid
+    there is a warning only (``before_the_loop``); a loop that ran with no kernel log to read keeps -1.
     On the head the action is ``report`` where a worker's would be ``quarantine``: the loop never stops
     the head.
     """
     findings, records = round_findings(config, state, read)
+    if "kmsg_seq" not in state:
+        findings = [before_the_loop(f) for f in findings]
     record, action = next_state(state.get("record"), findings, now, int(config.get("readmit_passes", 4)))
     seq = last_seq(records, state)
     if record and action == "quarantine":

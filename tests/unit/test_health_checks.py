@@ -324,6 +324,26 @@ def test_a_hardware_xid_counts_in_the_round_it_appears_and_holds_until_an_operat
         assert (findings, action, state["record"]["class"]) == ([], "hold", "hardware")
 
 
+def test_the_first_round_warns_of_a_hardware_xid_logged_before_the_loop_and_acts_on_the_gpus_present_state(tmp_path):
+    """A fresh loop reads the kernel log since boot: an Xid from before (maybe before a GPU reset) is a warning."""
+    line = XID31.replace("): 31, ", "): 79, ")
+    config = dict(ROUND, sysfs_root=str(tmp_path))
+    state, findings, action = health.node_round(config, {"record": None}, 100, round_inputs(tmp_path, kmsg_lines=[line]))
+    assert (action, state) == (None, {"record": None, "kmsg_seq": 360})
+    assert [(f["check"], f["severity"]) for f in findings] == [("gpu_xid", "warn")]
+    assert "Xid 79" in findings[0]["message"] and "before this health loop started" in findings[0]["message"]
+    # A GPU that is still broken now is a fault all the same: ECC errors from nvidia-smi quarantine it.
+    ecc = HEALTH_CSV.replace("Enabled, 0, 0,", "Enabled, 1, 1,")
+    state, findings, action = health.node_round(config, {}, 100, round_inputs(tmp_path, csv_text=ecc, kmsg_lines=[line]))
+    assert action == "quarantine" and state["record"]["class"] == "hardware" and state["record"]["check"] == "gpu_ecc"
+    # The next Xid, after the cursor, counts as before; so does one in a loop that ran before without a kernel
+    # log to read (its cursor stayed -1: the lab's containers have no /dev/kmsg).
+    for cursor in (359, -1):
+        state, findings, action = health.node_round(config, {"record": None, "kmsg_seq": cursor}, 100,
+                                                    round_inputs(tmp_path, kmsg_lines=[line]))
+        assert action == "quarantine" and findings[0]["severity"] == "fail", cursor
+
+
 def test_a_lost_address_quarantines_a_worker_and_its_return_readmits_it(tmp_path):
     config = dict(ROUND, sysfs_root=str(tmp_path))
     state, findings, action = health.node_round(config, {}, 100, round_inputs(tmp_path, addresses=()))

@@ -248,7 +248,8 @@ def save(config, state, findings, now):
 def one_round(config, now=None, read=None):
     """Run one round and carry out its action; returns (state, findings, action)."""
     now = time.time() if now is None else now
-    old = load_json(config["state_path"], {"record": None, "kmsg_seq": -1})
+    # No state file: the loop's first round (no kmsg_seq: the kernel log since boot is history to it).
+    old = load_json(config["state_path"], {"record": None})
     state, findings, action = health.node_round(config, old, now, read or readers(config))
     state.update((key, old[key]) for key in KEPT if key in old)
     host = config.get("host") or socket.gethostname()
