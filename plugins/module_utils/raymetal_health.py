@@ -372,6 +372,35 @@ def last_seq(records, state):
     return max([rec["seq"] for rec in records] + [state.get("kmsg_seq", -1)])
 
 
+def _boot_id(read):
+    reader = read.get("boot_id")
+    return (reader() or None) if reader else None
+
+
+def _with_boot(state, boot):
+    if boot:
+        state["boot_id"] = boot
+    return state
+
+
+def this_boot(state, boot):
+    """(the state to read the kernel log from, whether what the round reads is history): the cursor of one boot.
+
+    The kernel numbers its log's records from 0 at every boot, so a cursor (``kmsg_seq``) kept from the boot
+    before would hide every record of this boot below it: an Xid logged after a reboot would go unseen. The state
+    keeps the id of the boot its cursor counts in (``boot_id``, /proc/sys/kernel/random/boot_id). Another id: the
+    cursor starts over and what this boot logged counts (it came after whatever the node went through before
+    the reboot). No state yet (the loop's first round), or a cursor without an id (kept by a loop older than the
+    id): the log since boot is read as history (``before_the_loop``), and the id is kept from then on. An id that
+    cannot be read keeps the cursor as it is.
+    """
+    if "kmsg_seq" not in state:
+        return state, True
+    if not boot or state.get("boot_id") == boot:
+        return state, False
+    return dict(state, kmsg_seq=-1), "boot_id" not in state
+
+
 def before_the_loop(found):
     """A hardware Xid the first round read, logged before this loop started: a warning, not a fault to act on.
 
@@ -395,17 +424,21 @@ def node_round(config, state, now, read):
     last kernel log record read; -1 at first).
     ``read``: the inputs, as callables (tests pass recordings): ``smi()`` -> parse_smi_health rows or None,
     ``kmsg(after_seq)`` -> read_kmsg records, ``driver_gpus()`` -> driver_gpus, ``addresses(interface)`` ->
-    the interface's addresses.
+    the interface's addresses, and optionally ``boot_id()`` -> this boot's id (None: unknown).
 
     Only kernel log records after ``kmsg_seq`` count, so an Xid is a finding in the round it appears (a
     hardware one quarantines the node until an operator re-admits it; the same line never counts twice).
     The first round (a state without ``kmsg_seq``: no round ran yet) reads the log since boot, and an Xid
     there is a warning only (``before_the_loop``); a loop that ran with no kernel log to read keeps -1.
+    The cursor belongs to one boot (``boot_id``, ``this_boot``): after a reboot this boot's log is read from
+    its start, and what it holds counts.
     On the head the action is ``report`` where a worker's would be ``quarantine``: the loop never stops
     the head.
     """
+    boot = _boot_id(read)
+    state, history = this_boot(state, boot)
     findings, records = round_findings(config, state, read)
-    if "kmsg_seq" not in state:
+    if history:
         findings = [before_the_loop(f) for f in findings]
     record, action = next_state(state.get("record"), findings, now, int(config.get("readmit_passes", 4)))
     seq = last_seq(records, state)
@@ -413,7 +446,7 @@ def node_round(config, state, now, read):
         record["kmsg_seq"] = seq
     if config.get("role") == "head" and action in ("quarantine", "worse"):
         action = "report"
-    return {"record": record, "kmsg_seq": seq}, findings, action
+    return _with_boot({"record": record, "kmsg_seq": seq}, boot), findings, action
 
 
 def operator_readmit(config, state, read):
@@ -426,8 +459,10 @@ def operator_readmit(config, state, read):
     """
     if not state.get("record"):
         return state, [], "not quarantined"
-    findings, records = round_findings(config, state, read)
+    boot = _boot_id(read)
+    reading, _ = this_boot(state, boot)
+    findings, records = round_findings(config, reading, read)
     if any(f["severity"] == "fail" for f in findings):
         return state, findings, "refused"
-    seq = last_seq(records, state)
-    return {"record": None, "kmsg_seq": seq}, findings, "admitted"
+    seq = last_seq(records, reading)
+    return _with_boot({"record": None, "kmsg_seq": seq}, boot), findings, "admitted"

@@ -38,6 +38,28 @@ def recorder(tmp_path, name, rc=0):
     return str(script)
 
 
+def systemctl(tmp_path, state="active", enabled=True):
+    """A stand-in systemctl for one unit: start and stop (and kill) are appended to calls.log and set the unit's
+    ActiveState (``show --property=ActiveState --value`` answers it); ``is-enabled`` answers enabled or disabled.
+    Queries go to queries.log, so that calls.log holds only what changes something."""
+    (tmp_path / "unit.state").write_text(state + "\n")
+    (tmp_path / "unit.enabled").write_text(("enabled" if enabled else "disabled") + "\n")
+    script = tmp_path / "systemctl"
+    script.write_text(
+        '#!/bin/sh\n'
+        'd=%s\n'
+        'case "$1" in\n'
+        '  show) echo "systemctl $*" >> $d/queries.log; cat $d/unit.state; exit 0;;\n'
+        '  is-enabled) echo "systemctl $*" >> $d/queries.log; cat $d/unit.enabled;'
+        ' [ "$(cat $d/unit.enabled)" = enabled ]; exit $?;;\n'
+        '  start) echo active > $d/unit.state;;\n'
+        '  stop) echo inactive > $d/unit.state;;\n'
+        'esac\n'
+        'echo "systemctl $*" >> $d/calls.log\n' % tmp_path)
+    script.chmod(0o755)
+    return str(script)
+
+
 def config(tmp_path, **extra):
     net = tmp_path / "sys" / "class" / "net" / "ib0"
     net.mkdir(parents=True, exist_ok=True)
@@ -45,7 +67,7 @@ def config(tmp_path, **extra):
     base = {"role": "worker", "host": "w1", "interface": "ib0", "address": "10.10.0.2", "gpus": [],
             "sysfs_root": str(tmp_path / "sys"), "readmit_passes": 2, "unit": "ray-worker.service",
             "state_path": str(tmp_path / "state" / "health.json"), "metrics_dir": str(tmp_path / "textfile"),
-            "systemctl": recorder(tmp_path, "systemctl"),
+            "systemctl": systemctl(tmp_path),
             "drain": {"python": "/bin/sh", "script": recorder(tmp_path, "drain"), "dashboard_url": "http://10.10.0.1:8265",
                       "gcs": "10.10.0.1:6379", "token_path": "/etc/ray/auth_token", "deadline_s": 5, "ray_bin": "ray"}}
     base.update(extra)
@@ -130,6 +152,49 @@ def test_a_failed_stop_is_kept_in_the_record(tmp_path):
     assert calls(tmp_path)[-1] == "failing-systemctl stop ray-worker.service"
 
 
+def test_a_quarantined_worker_whose_ray_runs_again_is_drained_and_stopped_again(tmp_path, capsys):
+    """The Ray unit stays enabled through a quarantine, so a reboot starts Ray again (so does a start by hand, or
+    activating: a worker's unit waiting for the head): the loop's next round drains and stops it again."""
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path, temp_dir=str(tmp_path), min_free_bytes=2 ** 62)
+    agent.one_round(cfg, 100, inputs())
+    assert calls(tmp_path)[-1] == "systemctl stop ray-worker.service"
+    # The record holds and Ray stays stopped: nothing is done again.
+    assert agent.one_round(cfg, 115, inputs())[2] == "hold" and len(calls(tmp_path)) == 2
+    for running in ("active", "activating"):
+        (tmp_path / "unit.state").write_text(running + "\n")
+        state, _, action = agent.one_round(cfg, 130, inputs())
+        assert action == "hold" and calls(tmp_path)[-2:] == [calls(tmp_path)[0], "systemctl stop ray-worker.service"]
+        assert (tmp_path / "unit.state").read_text().strip() == "inactive"
+    assert state["record"]["stopped_again"] == 2 and state["record"]["check"] == "temp_dir"
+    assert ("w1 is quarantined (transient, temp_dir) but its Ray was running (started at boot or by hand): stopped "
+            "again") in capsys.readouterr().out
+
+
+def test_the_head_holding_a_record_is_never_stopped(tmp_path):
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path, role="head", temp_dir=str(tmp_path), min_free_bytes=2 ** 62)
+    assert agent.one_round(cfg, 100, inputs())[2] == "report"
+    assert agent.one_round(cfg, 115, inputs())[2] == "hold"
+    assert calls(tmp_path) == [] and (tmp_path / "unit.state").read_text().strip() == "active"
+
+
+def test_a_quarantine_lifted_while_the_cluster_is_stopped_leaves_ray_stopped(tmp_path, capsys):
+    """playbooks/stop.yml disables the Ray units so that a stopped cluster stays down: a transient quarantine lifted
+    meanwhile clears the record and starts nothing (site.yml starts Ray there with the rest)."""
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path)
+    agent.one_round(cfg, 100, inputs(addresses=()))
+    (tmp_path / "unit.enabled").write_text("disabled\n")
+    agent.one_round(cfg, 115, inputs())
+    state, _, action = agent.one_round(cfg, 130, inputs())
+    assert (action, state["record"]) == ("readmit", None)
+    assert "systemctl start ray-worker.service" not in calls(tmp_path)
+    assert (tmp_path / "unit.state").read_text().strip() == "inactive"
+    assert ("w1 re-admitted: its checks passed 2 rounds in a row; Ray not started: its unit ray-worker.service is "
+            "disabled") in capsys.readouterr().out
+
+
 # An operator's re-admission (--readmit, run by playbooks/readmit.yml with the loop stopped).
 XID79 = ("4,900,99000000,c;NVRM: Xid (PCI:0000:00:06): 79, pid=0, name=python3, "
          "GPU has fallen off the bus.")
@@ -209,6 +274,18 @@ def test_readmit_says_when_ray_does_not_start(tmp_path):
     code, out = agent.operator_readmit(cfg, 200, inputs())
     assert (code, json.loads(out)["ray_started"]) == (1, False)
     assert state_of(cfg)["record"] is None
+
+
+def test_an_operator_readmission_of_a_stopped_cluster_clears_the_record_and_leaves_ray_stopped(tmp_path):
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path, gpus=["0000:00:06.0"])
+    (tmp_path / "unit.enabled").write_text("disabled\n")
+    held(tmp_path, cfg)
+    code, out = agent.operator_readmit(cfg, 200, dict(inputs(), driver_gpus=lambda: ["0000:00:06.0"]))
+    result = json.loads(out)
+    assert (code, result["verdict"], result["ray_started"]) == (0, "admitted", False)
+    assert result["ray_note"].startswith("Ray not started: its unit ray-worker.service is disabled")
+    assert state_of(cfg)["record"] is None and calls(tmp_path) == []
 
 
 def test_the_readmit_command_line_prints_one_json_object_and_exits_3_when_refused(tmp_path, capsys, monkeypatch):

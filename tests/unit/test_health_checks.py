@@ -344,6 +344,38 @@ def test_the_first_round_warns_of_a_hardware_xid_logged_before_the_loop_and_acts
         assert action == "quarantine" and findings[0]["severity"] == "fail", cursor
 
 
+def test_a_reboot_starts_the_kernel_log_cursor_over_so_that_an_xid_of_the_new_boot_counts(tmp_path):
+    """The kernel numbers its log from 0 at each boot: a cursor kept from the boot before (5000 here) would hide this
+    boot's Xid 79 (record 360). The state keeps the boot's id; another id starts the cursor over."""
+    line = XID31.replace("): 31, ", "): 79, ")
+    config = dict(ROUND, sysfs_root=str(tmp_path))
+
+    def inputs(boot):
+        return dict(round_inputs(tmp_path, kmsg_lines=[line]), boot_id=lambda: boot)
+
+    state, findings, action = health.node_round(config, {"record": None, "kmsg_seq": 5000, "boot_id": "boot-a"}, 100,
+                                                inputs("boot-b"))
+    assert action == "quarantine" and findings[0]["severity"] == "fail" and "Xid 79" in findings[0]["message"]
+    assert (state["record"]["class"], state["kmsg_seq"], state["boot_id"]) == ("hardware", 360, "boot-b")
+    # The same boot: the cursor holds (the record was read before); so does a boot id that cannot be read.
+    for kept, boot in (("boot-b", "boot-b"), ("boot-a", None)):
+        state, findings, action = health.node_round(config, {"record": None, "kmsg_seq": 5000, "boot_id": kept}, 100,
+                                                    inputs(boot))
+        assert (findings, action, state["kmsg_seq"]) == ([], None, 5000), (kept, boot)
+    # A cursor kept by a loop older than the boot id: which boot it counts in is unknown, so this boot's log is read
+    # as the first round reads it (an Xid there is a warning), and the id is kept from then on.
+    state, findings, action = health.node_round(config, {"record": None, "kmsg_seq": 5000}, 100, inputs("boot-b"))
+    assert (action, state) == (None, {"record": None, "kmsg_seq": 360, "boot_id": "boot-b"})
+    assert [(f["check"], f["severity"]) for f in findings] == [("gpu_xid", "warn")]
+    # An operator's re-admission after a reboot reads the new boot's log too: its Xid refuses.
+    held = {"record": {"state": "quarantined", "class": "hardware", "check": "gpu_xid"}, "kmsg_seq": 5000,
+            "boot_id": "boot-a"}
+    assert health.operator_readmit(config, held, inputs("boot-b"))[2] == "refused"
+    assert health.operator_readmit(config, held, inputs("boot-a"))[2] == "admitted"
+    admitted = health.operator_readmit(config, held, dict(round_inputs(tmp_path), boot_id=lambda: "boot-b"))[0]
+    assert admitted == {"record": None, "kmsg_seq": -1, "boot_id": "boot-b"}
+
+
 def test_a_lost_address_quarantines_a_worker_and_its_return_readmits_it(tmp_path):
     config = dict(ROUND, sysfs_root=str(tmp_path))
     state, findings, action = health.node_round(config, {}, 100, round_inputs(tmp_path, addresses=()))

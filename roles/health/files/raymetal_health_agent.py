@@ -10,7 +10,10 @@ file: the same code as the acceptance role's node checks); what the round decide
   Python and the node's token file: no new task lands here, running ones get the drain deadline), then
   the Ray unit stopped; the quarantine record (kind, class, finding, time) kept in the state file.
 - ``readmit``: the Ray unit started again (a transient quarantine whose checks passed
-  ``readmit_passes`` rounds in a row). A hardware quarantine is never lifted here.
+  ``readmit_passes`` rounds in a row), unless the unit is disabled (playbooks/stop.yml keeps a stopped
+  cluster down). A hardware quarantine is never lifted here.
+- ``hold``: the node stays quarantined; should its Ray run all the same (the unit stays enabled, so a reboot
+  starts it, as does a start by hand), it is drained and stopped again.
 - ``report``: the head's own faults are logged and exported, never acted on.
 - the circuit breaker: before a worker is quarantined, it claims one of ``breaker.limit`` quarantine slots
   kept in the GCS (raymetal_health_breaker.py, run with Ray's venv Python). No slot free, or the GCS not
@@ -87,7 +90,16 @@ def readers(config):
     return {"smi": query,
             "kmsg": lambda after: _kmsg(config.get("kernel_log", "/dev/kmsg"), after),
             "driver_gpus": lambda: health.driver_gpus(config.get("nvidia_proc", "/proc/driver/nvidia/gpus")),
-            "addresses": addresses}
+            "addresses": addresses,
+            "boot_id": lambda: _boot_id(config.get("boot_id_path", "/proc/sys/kernel/random/boot_id"))}
+
+
+def _boot_id(path):
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
 
 
 def _kmsg(path, after):
@@ -211,9 +223,29 @@ def settle_slot(config, state, now):
 KEPT = ("breaker", "breaker_slot", "breaker_free_at")
 
 
+# The unit states in which Ray runs or is on its way up (a worker's unit waits for the head in ExecStartPre).
+RUNNING = ("active", "activating", "reloading")
+
+
+def unit_state(config):
+    """The Ray unit's ActiveState (active, activating, inactive, failed ...), "" when systemctl cannot say."""
+    rc, out = run([config.get("systemctl", "systemctl"), "show", "--property=ActiveState", "--value", config["unit"]],
+                  timeout=30)
+    return out.strip() if rc == 0 else ""
+
+
 def readmit(config):
-    rc, out = run([config.get("systemctl", "systemctl"), "start", config["unit"]], timeout=120)
-    return rc == 0, out
+    """Start the Ray unit of a node whose quarantine was lifted: (started or not wanted, what to say).
+
+    Only an enabled unit is started: playbooks/stop.yml disables the units of a cluster it stops, so that it stays
+    down (across reboots too) until site.yml starts it; a quarantine lifted meanwhile must not start Ray there."""
+    systemctl = config.get("systemctl", "systemctl")
+    rc, out = run([systemctl, "is-enabled", config["unit"]], timeout=30)
+    if out.strip().splitlines()[-1:] in (["disabled"], ["masked"], ["masked-runtime"]):
+        return True, "Ray not started: its unit %s is disabled (playbooks/stop.yml stopped the cluster; site.yml " \
+                     "starts it)" % config["unit"]
+    rc, out = run([systemctl, "start", config["unit"]], timeout=120)
+    return rc == 0, "" if rc == 0 else "starting Ray failed: " + out
 
 
 def metrics(state, findings, now):
@@ -267,7 +299,15 @@ def one_round(config, now=None, read=None):
         release_slot(config, state, now)
         ok, out = readmit(config)
         print("%s re-admitted: its checks passed %s rounds in a row%s" % (
-            host, config.get("readmit_passes", 4), "" if ok else "; starting Ray failed: " + out), flush=True)
+            host, config.get("readmit_passes", 4), "; " + out if out else ""), flush=True)
+    elif action in ("hold", "worse") and config.get("role") != "head" and unit_state(config) in RUNNING:
+        # Quarantined, yet Ray runs: its unit stays enabled, so a reboot starts it, and so does a start by hand or
+        # a playbook that starts units. Only a re-admission lets Ray run here again.
+        state["record"].update(quarantine(config, state["record"]))
+        state["record"]["stopped_again"] = int(state["record"].get("stopped_again", 0)) + 1
+        print("%s is quarantined (%s, %s) but its Ray was running (started at boot or by hand): stopped again; "
+              "playbooks/readmit.yml re-admits it" % (host, state["record"]["class"], state["record"]["check"]),
+              flush=True)
     elif action in ("worse", "report"):
         print("%s %s: %s" % (host, "is sick (the loop never stops the head)" if action == "report"
                              else "now has a hardware fault", "; ".join(f["message"] for f in findings)), flush=True)
@@ -292,13 +332,15 @@ def operator_readmit(config, now=None, read=None):
         release_slot(config, new, now)
         save(config, new, findings, now)
         ok, out = readmit(config)
-        result["ray_started"] = ok
+        result["ray_started"] = ok and not out
+        if out and ok:
+            result["ray_note"] = out
         if not ok:
             result["ray_error"] = out
             code = 1
         print("%s re-admitted by an operator (was %s, %s)%s" % (
             config.get("host") or socket.gethostname(), record.get("class"), record.get("check"),
-            "" if ok else "; starting Ray failed: " + out), file=sys.stderr, flush=True)
+            "; " + out if out else ""), file=sys.stderr, flush=True)
     return code, json.dumps(result, sort_keys=True)
 
 
