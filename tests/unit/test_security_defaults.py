@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import configparser
-import re
 import pathlib
+import re
 
 import jinja2
 import yaml
@@ -186,6 +186,7 @@ def _assert_holds(task, **variables):
     import jinja2
     env = jinja2.Environment()
     env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).lower() in ("true", "yes", "1", "on")
+    env.tests["match"] = lambda value, pattern: re.match(pattern, value) is not None
     return all(env.compile_expression(cond)(**variables) for cond in task["ansible.builtin.assert"]["that"])
 
 
@@ -194,11 +195,17 @@ def test_an_unsigned_apt_mirror_needs_an_explicit_acknowledgement():
     tasks = yaml.safe_load((ROOT / "roles" / "package_mirror" / "tasks" / "main.yml").read_text())
     check = next(t for t in tasks if "acknowledges" in t["name"])
     site = {"package_mirror_apt_url": "http://mirror.example.org/", "package_mirror_apt_trusted": True,
-            "package_mirror_apt_trusted_acknowledged": False}
+            "package_mirror_apt_trusted_acknowledged": False, "package_mirror_apt_key_src": "",
+            "ansible_facts": {"os_family": "Debian"}, "inventory_hostname": "n1"}
     assert not _assert_holds(check, **site)
-    assert "package_mirror_apt_trusted_acknowledged: true" in check["ansible.builtin.assert"]["fail_msg"]
+    # The message names the unsigned mirror and the acknowledgement that lets it through.
+    env = jinja2.Environment()
+    env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).lower() in ("true", "yes", "1", "on")
+    env.tests["match"] = lambda value, pattern: re.match(pattern, value) is not None
+    said = env.from_string(check["ansible.builtin.assert"]["fail_msg"]).render(**site)
+    assert "without checking any signature" in said and "package_mirror_apt_trusted_acknowledged: true" in said
     assert _assert_holds(check, **dict(site, package_mirror_apt_trusted_acknowledged=True))
-    assert _assert_holds(check, **dict(site, package_mirror_apt_trusted=False))
+    assert _assert_holds(check, **dict(site, package_mirror_apt_trusted=False, package_mirror_apt_key_src="/keys/mirror.gpg"))
     assert _assert_holds(check, **dict(site, package_mirror_apt_url=""))
     defaults = yaml.safe_load((ROOT / "roles" / "package_mirror" / "defaults" / "main.yml").read_text())
     assert defaults["package_mirror_apt_trusted_acknowledged"] is False
