@@ -52,6 +52,7 @@ GOAL_BYTES_GROWTH = 1.10      # bytes(8 nodes) / bytes(3 nodes)
 GOAL_FLOOR_RATIO = 1.25       # fresh deploy / floor, wall
 GOAL_RERUN_CPU_PER_HOST = 1.0  # controller CPU seconds per host, no-op rerun
 GOAL_RERUN_WALL_3 = 6.0       # seconds, no-op rerun on 3 nodes
+GOAL_DEMAND_RATIO = 1.3       # issue 37, goal 4: fresh deploy's CPU demand (nodes + controller) / the floor's
 
 
 def log(msg):
@@ -252,6 +253,12 @@ def report(args, rows):
                   % (demand, deploy_m["node_cpu"], deploy_m["controller_cpu"], floor_demand, floor_m["node_cpu"],
                      floor_m["controller_cpu"], demand / floor_demand, cores, demand / cores,
                      demand / cores / floor_m["wall"]))
+            print("  fresh deploy's CPU demand / the floor's, %d nodes (issue 37, goal 4): %.2fx  goal <= %.1fx: %s"
+                  % (small["nodes"], demand / floor_demand, GOAL_DEMAND_RATIO,
+                     verdict(demand / floor_demand <= GOAL_DEMAND_RATIO)))
+        else:
+            print("  fresh deploy's CPU demand / the floor's (issue 37, goal 4): not measured (no node CPU: cgroups "
+                  "unreadable)")
     else:
         print("  fresh deploy / floor: not measured (--no-floor)")
     if lines.get("rerun"):

@@ -336,6 +336,8 @@ def simulate(lab, work, hosts, path, profile=False):
 
 
 GOAL_RERUN_CPU_PER_HOST = 1.0  # issue 16: controller CPU seconds per host, no-op rerun
+GOAL_FULL_CPU_PER_HOST = 2.0   # issue 37, goal 3: controller CPU seconds per host, full path, at every size
+GOAL_PLANNER_1000_OVER_300 = 3.6  # issue 37, goal 3: the planner's CPU at 1,000 hosts / at 300 (linear: 3.33)
 
 
 def report(recordings, rows):
@@ -413,6 +415,22 @@ def report(recordings, rows):
         print("  controller CPU per host at %4d hosts: %.3f s  goal <= %.1f s: %s"
               % (row["hosts"], per_host, GOAL_RERUN_CPU_PER_HOST,
                  "MET" if per_host <= GOAL_RERUN_CPU_PER_HOST else "MISSED"))
+    full = dict((r["hosts"], r) for r in rows if r["path"] == "full")
+    print("Goals (issue 37, goal 3), on the full path (-e raymetal_fast_path=false):")
+    if not full:
+        print("  not measured (--full-sizes is empty)")
+    for hosts, row in sorted(full.items()):
+        per_host = row["net"] / row["hosts"]
+        print("  controller CPU per host at %4d hosts: %.2f s  goal <= %.1f s: %s"
+              % (hosts, per_host, GOAL_FULL_CPU_PER_HOST, "MET" if per_host <= GOAL_FULL_CPU_PER_HOST else "MISSED"))
+    if 300 in full and 1000 in full:
+        ratio = full[1000]["main"] / full[300]["main"]
+        print("  the planner's CPU (ansible-playbook's own process) at 1,000 / at 300 hosts: %.1f s / %.1f s = %.2fx  "
+              "goal <= %.1fx (linear: 3.33x): %s" % (full[1000]["main"], full[300]["main"], ratio,
+                                                     GOAL_PLANNER_1000_OVER_300,
+                                                     "MET" if ratio <= GOAL_PLANNER_1000_OVER_300 else "MISSED"))
+    elif full:
+        print("  the planner at 1,000 / at 300 hosts: not measured (needs --full-sizes 300 1000)")
 
 
 def main():
