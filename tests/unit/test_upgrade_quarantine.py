@@ -1,0 +1,70 @@
+"""playbooks/upgrade.yml and a worker the health loop holds quarantined.
+
+The upgrade stopped every node and started every node again, so a quarantined worker (a hardware one included) came
+back into the cluster with the new version; since the loop drains and stops a quarantined worker whose Ray runs, the
+upgrade's wait for every node could then lose that worker and roll the whole cluster back. Now the worker switches to
+the new version but stays stopped (its loop, or readmit.yml, starts it), the wait does not count it, and a rollback
+puts the old version back there without starting it. Read from the playbook and the ray role's rollback, their
+conditions evaluated for each kind of node.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+UPGRADE = yaml.safe_load((ROOT / "playbooks" / "upgrade.yml").read_text())
+GROUPS = {"ray_head": ["head"], "ray_worker": ["w1", "w2"]}
+RECORD = {"state": "quarantined", "class": "hardware", "check": "gpu_xid"}
+
+
+def holds(expression, host, quarantine):
+    env = jinja2.Environment()
+    env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).lower() in ("true", "yes", "1", "on")
+    source = expression.strip()
+    if source.startswith("{{"):
+        return env.from_string(source).render(inventory_hostname=host, groups=GROUPS,
+                                              health_quarantine=quarantine) == "True"
+    return bool(env.compile_expression(source)(inventory_hostname=host, groups=GROUPS, health_quarantine=quarantine))
+
+
+def play(name):
+    return next(p for p in UPGRADE if p.get("name") == name)
+
+
+def test_a_quarantined_worker_switches_to_the_new_version_but_is_not_started():
+    tasks = play("Switch every node to the new version and start it")["tasks"]
+    names = [t["name"] for t in tasks]
+    state = names.index("Read whether the health loop holds this node quarantined")
+    assert tasks[state]["ansible.builtin.import_role"] == {"name": "health", "tasks_from": "state.yml"}
+    block = tasks[names.index("Switch and start, and note a failure for the rollback")]["block"]
+    assert state < names.index("Switch and start, and note a failure for the rollback")
+    switch, start = block
+    assert "when" not in switch, "every node switches, a quarantined one too"
+    assert start["ansible.builtin.import_role"]["tasks_from"] == "start.yml"
+    assert holds(start["when"], "w1", {}) and holds(start["when"], "head", {})
+    assert not holds(start["when"], "w1", RECORD)
+    # The loop never stops the head: a record there does not keep it down.
+    assert holds(start["when"], "head", RECORD)
+
+
+def test_the_wait_does_not_count_a_quarantined_worker():
+    wiring = yaml.safe_load((ROOT / "playbooks" / "vars" / "wiring.yml").read_text())
+    assert "raymetal.cluster.health_quarantined(hostvars)" in wiring["ray_summary_left_out"]
+    wait = play("Wait until every node runs the new version")
+    assert "vars/wiring.yml" in wait["vars_files"]
+
+
+def test_a_rollback_puts_the_old_version_back_on_a_quarantined_worker_without_starting_it():
+    task = play("Roll back every node to the version it ran before, if the new one did not come up")["tasks"][0]
+    assert task["ansible.builtin.import_role"]["tasks_from"] == "rollback.yml"
+    start = task["vars"]["ray_rollback_start"]
+    assert holds(start, "w1", {}) and holds(start, "head", RECORD) and not holds(start, "w1", RECORD)
+    rollback = yaml.safe_load((ROOT / "roles" / "ray" / "tasks" / "rollback.yml").read_text())
+    started = [t for t in rollback if t.get("ansible.builtin.systemd_service", {}).get("state") == "started"]
+    assert len(started) == 1 and started[0]["when"] == "ray_rollback_start | bool"
+    defaults = yaml.safe_load((ROOT / "roles" / "ray" / "defaults" / "main.yml").read_text())
+    assert defaults["ray_rollback_start"] is True
