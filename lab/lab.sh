@@ -634,10 +634,37 @@ for release in sys.argv[1:]:
   die "the apt mirror container $name does not answer on $ip:$LAB_MIRROR_PORT; see 'docker logs $name'"
 }
 
+# dockerd on these machines has been seen to hang for good on `docker rm -f` of lab
+# containers whose shims had already gone (run24, 2026-11-28: "shim disconnected",
+# "failed to remove runc container", the containers still "Up" with no process
+# left, and every later docker command on them blocked). Only a dockerd that this
+# script started (PID 1 is not systemd) is restarted; containerd's state of the
+# dead containers goes with it and the removal then goes through.
+LAB_RM_TIMEOUT=${LAB_RM_TIMEOUT:-180}
+
+remove_containers() {
+  timeout "$LAB_RM_TIMEOUT" docker rm -f "$@" >/dev/null && return
+  local rc=$?
+  [[ $rc -eq 124 ]] || return "$rc"
+  if [[ $(cat /proc/1/comm 2>/dev/null) == systemd ]]; then
+    die "docker rm -f did not return in ${LAB_RM_TIMEOUT} s; dockerd is run by systemd here: restart it (systemctl restart docker) and run 'make lab-down' again"
+  fi
+  log "WARNING: docker rm -f did not return in ${LAB_RM_TIMEOUT} s (dockerd hung on containers whose shims are gone); restarting dockerd"
+  pkill -x dockerd || true
+  local i
+  for ((i = 0; i < 30; i++)); do pgrep -x dockerd >/dev/null || break; sleep 1; done
+  pkill -9 -x dockerd || true
+  pkill -9 -x containerd || true
+  sleep 1
+  ensure_docker
+  timeout "$LAB_RM_TIMEOUT" docker rm -f "$@" >/dev/null
+}
+
 cmd_down() {
   local ids
   ids=$(docker ps -aq --filter "label=io.raymetal.lab=$LAB_PREFIX" 2>/dev/null || true)
-  [[ -z $ids ]] || docker rm -f $ids >/dev/null
+  # shellcheck disable=SC2086  # the IDs are words
+  [[ -z $ids ]] || remove_containers $ids
   local net
   for net in $(docker network ls -q --filter "label=io.raymetal.lab=$LAB_PREFIX" 2>/dev/null || true); do
     docker network rm "$net" >/dev/null
