@@ -460,7 +460,7 @@ def operator_readmit(config, state, read):
     if not state.get("record"):
         return state, [], "not quarantined"
     boot = _boot_id(read)
-    reading, _ = this_boot(state, boot)
+    reading = this_boot(state, boot)[0]
     findings, records = round_findings(config, reading, read)
     if any(f["severity"] == "fail" for f in findings):
         return state, findings, "refused"
