@@ -171,6 +171,20 @@ def test_a_quarantined_worker_whose_ray_runs_again_is_drained_and_stopped_again(
             "again") in capsys.readouterr().out
 
 
+def test_a_quarantine_that_turns_hardware_while_ray_runs_is_said_and_stopped_again(tmp_path, capsys):
+    agent = load_agent(tmp_path)
+    cfg = config(tmp_path, temp_dir=str(tmp_path), min_free_bytes=2 ** 62, gpus=["0000:00:06.0"])
+    healthy = dict(inputs(), smi=lambda: agent.health.parse_smi_health(HEALTH_CSV), driver_gpus=lambda: ["0000:00:06.0"])
+    assert agent.one_round(cfg, 100, healthy)[2] == "quarantine"
+    (tmp_path / "unit.state").write_text("active\n")
+    ecc = HEALTH_CSV.replace("Enabled, 0, 0,", "Enabled, 1, 1,")
+    state, _, action = agent.one_round(cfg, 115, dict(healthy, smi=lambda: agent.health.parse_smi_health(ecc)))
+    assert action == "worse" and state["record"]["class"] == "hardware" and state["record"]["stopped_again"] == 1
+    assert calls(tmp_path)[-1] == "systemctl stop ray-worker.service"
+    out = capsys.readouterr().out
+    assert "w1 now has a hardware fault: " in out and "but its Ray was running" in out
+
+
 def test_the_head_holding_a_record_is_never_stopped(tmp_path):
     agent = load_agent(tmp_path)
     cfg = config(tmp_path, role="head", temp_dir=str(tmp_path), min_free_bytes=2 ** 62)

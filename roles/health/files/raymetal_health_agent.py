@@ -300,7 +300,10 @@ def one_round(config, now=None, read=None):
         ok, out = readmit(config)
         print("%s re-admitted: its checks passed %s rounds in a row%s" % (
             host, config.get("readmit_passes", 4), "; " + out if out else ""), flush=True)
-    elif action in ("hold", "worse") and config.get("role") != "head" and unit_state(config) in RUNNING:
+    elif action in ("worse", "report"):
+        print("%s %s: %s" % (host, "is sick (the loop never stops the head)" if action == "report"
+                             else "now has a hardware fault", "; ".join(f["message"] for f in findings)), flush=True)
+    if action in ("hold", "worse") and config.get("role") != "head" and unit_state(config) in RUNNING:
         # Quarantined, yet Ray runs: its unit stays enabled, so a reboot starts it, and so does a start by hand or
         # a playbook that starts units. Only a re-admission lets Ray run here again.
         state["record"].update(quarantine(config, state["record"]))
@@ -308,9 +311,6 @@ def one_round(config, now=None, read=None):
         print("%s is quarantined (%s, %s) but its Ray was running (started at boot or by hand): stopped again; "
               "playbooks/readmit.yml re-admits it" % (host, state["record"]["class"], state["record"]["check"]),
               flush=True)
-    elif action in ("worse", "report"):
-        print("%s %s: %s" % (host, "is sick (the loop never stops the head)" if action == "report"
-                             else "now has a hardware fault", "; ".join(f["message"] for f in findings)), flush=True)
     settle_slot(config, state, now)
     save(config, state, findings, now)
     return state, findings, action
