@@ -85,10 +85,24 @@ def test_upgrade_from_the_older_release_lists_the_jobs_and_a_failed_start_rolls_
         figures = {f"{NEW} -> {OLD}": downtime(out)}
 
         # Upgrade to the new release with a job running: the job is named before the stop.
+        # The health loop is paused from before the stop until the wait is over (no round re-admits or quarantines
+        # a node while Ray is switched), and runs again after.
         job_id = submit_sleeper(lab)
         labkit.wait_until(lambda: job_running(lab, job_id), 120, what=f"job {job_id} RUNNING")
-        rc, out, _ = upgrade(lab, NEW)
+        loop_during_switch = {}
+
+        def read_the_loop(event):
+            if (not loop_during_switch and event.get("event") == "playbook_on_play_start"
+                    and (event.get("event_data") or {}).get("play") == "Switch every node to the new version and start it"):
+                loop_during_switch.update({name: labkit.sh(name, "systemctl is-active raymetal-health.service",
+                                                           check=False).stdout.strip() for name in lab})
+
+        rc, out, _ = upgrade(lab, NEW, on_event=read_the_loop)
         assert rc == 0, out[-3000:]
+        assert loop_during_switch == {name: "inactive" for name in lab}, loop_during_switch
+        loop_after = {name: labkit.sh(name, "systemctl is-active raymetal-health.service", check=False).stdout.strip()
+                      for name in lab}
+        assert loop_after == {name: "active" for name in lab}, loop_after
         flat = " ".join(out.split())
         assert "1 job(s) will end" in flat and job_id in flat, flat[-3000:]
         assert flat.index(job_id) < flat.index("PLAY [Keep what every node runs"), "the job was named after the stop"

@@ -68,3 +68,26 @@ def test_a_rollback_puts_the_old_version_back_on_a_quarantined_worker_without_st
     assert len(started) == 1 and started[0]["when"] == "ray_rollback_start | bool"
     defaults = yaml.safe_load((ROOT / "roles" / "ray" / "defaults" / "main.yml").read_text())
     assert defaults["ray_rollback_start"] is True
+
+
+def test_the_health_loop_is_paused_before_the_stop_and_runs_again_after_the_wait_or_the_rollback():
+    # A round between the stop and the switch could re-admit a transient quarantine and start the old version there.
+    stop = play("Keep what every node runs, then stop every node at once")["tasks"]
+    roles = [t.get("ansible.builtin.import_role", {}) for t in stop]
+    pause = roles.index({"name": "health", "tasks_from": "pause.yml"})
+    first_stop = next(i for i, r in enumerate(roles) if r.get("tasks_from") == "stop.yml")
+    assert pause < first_stop and "when" not in stop[pause]
+    names = [p.get("name") for p in UPGRADE]
+    resume = names.index("Run the health loop again where the upgrade paused it")
+    assert names.index("Roll back every node to the version it ran before, if the new one did not come up") < resume
+    assert resume < names.index("Report the upgrade, or the rollback")
+    assert UPGRADE[resume]["hosts"] == "ray_cluster"
+    assert UPGRADE[resume]["tasks"][0]["ansible.builtin.import_role"] == {"name": "health", "tasks_from": "resume.yml"}
+    tasks = ROOT / "roles" / "health" / "tasks"
+    paused = yaml.safe_load((tasks / "pause.yml").read_text())
+    assert paused[0]["ansible.builtin.systemd_service"]["state"] == "stopped"
+    assert paused[-1]["ansible.builtin.set_fact"]["health_paused"] == "{{ __health_pause is changed }}"
+    resumed = yaml.safe_load((tasks / "resume.yml").read_text())
+    assert resumed[0]["ansible.builtin.systemd_service"]["state"] == "started"
+    # Only where this run stopped it: a loop an operator stopped by hand stays stopped.
+    assert resumed[0]["when"] == "health_paused | default(false) | bool"
