@@ -30,7 +30,7 @@
 # context step 6 faults on purpose (the driver recovers; the GPU stays healthy).
 #
 # Needs: python3 with ray (2.60), cupy and ansible-core importable, nvidia-smi.
-# tests/unit/test_gpu_host_recording.py reads such a recording
+# tests/unit/repository/test_gpu_host_recording.py reads such a recording
 # (tests/fixtures/nvidia/recorded-*/) with the same modules and filters.
 set -uo pipefail
 

@@ -9,7 +9,7 @@ run. This starts a bf16 matrix-product load on every GPU (PyTorch, a child proce
 60), runs one round of the loop's checks every 2 s before, during and after it (no fabric check), and writes:
 
   OUTDIR/rounds.json   every round: its time from the load's start, findings, action, and the health query's row
-  OUTDIR/smi-NN.csv    the health query's raw output of round NN (tests/unit/test_health_checks.py replays them)
+  OUTDIR/smi-NN.csv    the health query's raw output of round NN (tests/unit/plugins/module_utils/test_health_checks.py replays them)
   OUTDIR/load.json     what the load did (TFLOP/s per GPU) and the hottest readings seen (temperature, power)
 
 and prints a one-line verdict: how many rounds found anything.

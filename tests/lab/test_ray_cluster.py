@@ -135,7 +135,7 @@ def test_units_are_hardened_to_5_or_lower_in_systemd_analyze_security(cluster, l
 def test_resource_isolation_is_off_on_the_cgroup_v1_lab_with_the_reason_reported(cluster, lab):
     """The lab's host runs cgroup v1, where Ray cannot isolate its processes: under the default (auto) the deploy
     reports it off with the reason, per host (the summary and the Python API), and the unit keeps
-    ProtectControlGroups and passes no isolation flag. The cgroup v2 side: tests/unit/test_ray_isolation.py."""
+    ProtectControlGroups and passes no isolation flag. The cgroup v2 side: tests/unit/plugins/filter/test_ray_isolation.py."""
     assert set(cluster["resource_isolation"]) == set(lab), cluster["resource_isolation"]
     for name, plan in cluster["resource_isolation"].items():
         assert plan["enabled"] is False and plan["problem"] == "", (name, plan)

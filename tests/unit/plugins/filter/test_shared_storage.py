@@ -1,0 +1,159 @@
+"""Unit tests for raymetal_shared_storage: its validation and settings (plugins/filter/shared_storage.py), the
+acceptance probe (roles/acceptance/files/storage_probe.py) on real directories, and the verdicts it feeds
+(plugins/filter/acceptance.py storage_items and the report's per-node storage entry)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.raymetal.cluster.plugins.filter import acceptance as acc
+from ansible_collections.raymetal.cluster.plugins.filter import shared_storage as ss
+
+ROOT = pathlib.Path(__file__).resolve().parents[4]
+PROBE = ROOT / "roles" / "acceptance" / "files" / "storage_probe.py"
+
+NFS = {"kind": "mount", "source": "nfs01:/export/ray", "fstype": "nfs", "options": "vers=4.2,hard"}
+
+
+@pytest.mark.parametrize("value", [None, "", {}, {"kind": "none"}, NFS,
+                                   {"kind": "mount", "source": "/srv/lab-shared", "fstype": "none",
+                                    "options": "bind", "path": "/data/ray_ckpt"}])
+def test_valid_settings_have_no_problems(value):
+    assert ss.shared_storage_problems(value) == []
+
+
+@pytest.mark.parametrize("value, words", [
+    ("nfs01:/x", ["must be a dict"]),
+    ({"kind": "nfs"}, ["kind='nfs' is not one of none, mount"]),
+    ({"kind": "mount", "fstype": "nfs"}, ["raymetal_shared_storage.source is empty", "Fix: set source"]),
+    ({"kind": "mount", "source": "a:/b"}, ["raymetal_shared_storage.fstype is empty"]),
+    (dict(NFS, path="/etc/ray"), ["is a system directory"]),
+    (dict(NFS, path="/mnt"), ["is a system directory"]),
+    (dict(NFS, path="relative/dir"), ["is not an absolute path"]),
+    (dict(NFS, path="/mnt/a b"), ["is not an absolute path"]),
+    (dict(NFS, path="/mnt/../etc"), ["is not an absolute path"]),
+    (dict(NFS, options="vers=4.2, hard"), ["contains whitespace"]),
+    (dict(NFS, packages="nfs-common"), ["is not a list of package names"]),
+    (dict(NFS, server="x"), ["unknown key(s) server"]),
+])
+def test_problems_name_the_variable_and_the_fix(value, words):
+    problems = ss.shared_storage_problems(value)
+    assert problems, value
+    text = " | ".join(problems)
+    assert "raymetal_shared_storage" in text and "Fix:" in text
+    for word in words:
+        assert word in text, (word, text)
+
+
+def test_settings_fill_in_the_defaults_and_name_the_mount_unit():
+    none = ss.shared_storage_settings(None)
+    assert none["kind"] == "none" and none["unit"] == "" and none["ray_path"] == ""
+    nfs = ss.shared_storage_settings(NFS)
+    assert nfs == {"kind": "mount", "source": "nfs01:/export/ray", "fstype": "nfs", "options": "vers=4.2,hard",
+                   "path": "/mnt/ray-shared", "packages": ["nfs-common"], "unit": "mnt-ray\\x2dshared.mount",
+                   "ray_path": "/mnt/ray-shared"}
+    lustre = ss.shared_storage_settings({"kind": "mount", "source": "mgs@o2ib:/scratch", "fstype": "lustre",
+                                         "path": "/lustre/scratch/ray/", "packages": ["lustre-client-modules"]})
+    assert lustre["packages"] == ["lustre-client-modules"] and lustre["options"] == "defaults"
+    assert lustre["path"] == "/lustre/scratch/ray" and lustre["unit"] == "lustre-scratch-ray.mount"
+
+
+@pytest.mark.parametrize("path", ["/mnt/ray-shared", "/data/a-b/c_d.e", "/lustre/x"])
+def test_mount_unit_name_is_systemd_escape(path):
+    try:
+        out = subprocess.run(["systemd-escape", "--path", "--suffix=mount", path], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("no systemd-escape on this machine")
+    assert ss.mount_unit_name(path) == out
+
+
+def probe(*args):
+    out = subprocess.run([sys.executable, "-", *args], input=PROBE.read_text(), capture_output=True, text=True,
+                         check=True).stdout
+    return out, json.loads(out)
+
+
+def run(phase, directory, *args):
+    return probe(phase, "--dir", str(directory), "--run", "r1", *args)
+
+
+def registered(out):
+    return {"rc": 0, "stdout": out, "stderr": ""}
+
+
+def test_probe_on_one_shared_directory_passes(tmp_path):
+    hosts = "head,worker1"
+    w_head, head = run("write", tmp_path, "--host", "head", "--mib", "2")
+    w_w1, w1 = run("write", tmp_path, "--host", "worker1", "--mib", "2")
+    assert head["bytes"] == 2 << 20 and head["write_mb_per_s"] > 0 and head["sha256"] != w1["sha256"]
+    r_head, read = run("read", tmp_path, "--peer", "worker1", "--expect", w1["sha256"], "--hosts", hosts)
+    assert read["digest_ok"] is True and read["missing"] == [] and "error" not in read and read["read_mb_per_s"] > 0
+    items = acc.storage_items([registered(w_head), registered(r_head)], "head", "worker1", "/mnt/ray-shared", 0.001)
+    assert items[0]["error"] is None and items[0]["write_mb_per_s"] == head["write_mb_per_s"]
+    for host in ("head", "worker1"):
+        run("clean", tmp_path, "--host", host)
+    assert not (tmp_path / ".raymetal-acceptance").exists()
+
+
+def test_probe_on_a_local_directory_per_node_fails_and_says_why(tmp_path):
+    # Two nodes, each with its own local directory: the peer's file is never there.
+    mine, theirs = tmp_path / "head", tmp_path / "worker1"
+    mine.mkdir(), theirs.mkdir()
+    run("write", mine, "--host", "head", "--mib", "1")
+    _, w1 = run("write", theirs, "--host", "worker1", "--mib", "1")
+    out, read = run("read", mine, "--peer", "worker1", "--expect", w1["sha256"], "--hosts", "head,worker1")
+    assert read["missing"] == ["worker1"] and "not one filesystem shared by the nodes" in read["error"]
+    w_out, _ = run("write", mine, "--host", "head", "--mib", "1")
+    item = acc.storage_items([registered(w_out), registered(out)], "head", "worker1", str(mine), 20)[0]
+    assert "not one filesystem" in item["error"]
+    report = acc.acceptance_report({"head": {"versions": {}}}, traffic=[item])
+    assert report["nodes"]["head"]["verdict"] == "FAIL"
+    assert report["nodes"]["head"]["storage"]["error"] == item["error"]
+    assert "storage: worker1's file is not here" in report["lines"][0]
+
+
+def test_probe_finds_changed_data(tmp_path):
+    _, w1 = run("write", tmp_path, "--host", "worker1", "--mib", "1")
+    path = tmp_path / ".raymetal-acceptance" / "r1" / "worker1.bin"
+    data = bytearray(path.read_bytes())
+    data[100] ^= 1
+    path.write_bytes(bytes(data))
+    _, read = run("read", tmp_path, "--peer", "worker1", "--expect", w1["sha256"], "--hosts", "worker1")
+    assert read["digest_ok"] is False and "reads back different" in read["error"]
+
+
+def test_probe_that_cannot_write_names_the_path(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    out, result = run("write", blocker, "--host", "head", "--mib", "1")
+    assert "cannot write" in result["error"] and str(blocker) in result["error"]
+    item = acc.storage_items([registered(out), {"skipped": True}], "head", "", str(blocker), 20)[0]
+    assert item["error"].startswith("cannot write")
+
+
+def test_storage_below_the_floor_fails_and_the_report_carries_the_figures():
+    write = registered(json.dumps({"write_mb_per_s": 5.0, "sha256": "x", "bytes": 1}))
+    read = registered(json.dumps({"read_mb_per_s": 300.0, "digest_ok": True, "missing": [], "peer": "worker1"}))
+    item = acc.storage_items([write, read], "head", "worker1", "/mnt/ray-shared", 20)[0]
+    assert item["error"] is None and item["read_mb_per_s"] == 300.0
+    report = acc.acceptance_report({"head": {"versions": {}}}, traffic=[item])
+    node = report["nodes"]["head"]
+    assert node["verdict"] == "FAIL" and "write 5.0 MB/s, below 20.0 MB/s" in report["lines"][0]
+    assert node["storage"] == {"path": "/mnt/ray-shared", "write_mb_per_s": 5.0, "read_mb_per_s": 300.0,
+                               "peer": "worker1", "floor_mb_per_s": 20.0, "error": None}
+    fast = acc.storage_items([registered(json.dumps({"write_mb_per_s": 500.0})), read], "head", "worker1", "/m", 20)
+    report = acc.acceptance_report({"head": {"versions": {}}}, traffic=fast)
+    assert report["nodes"]["head"]["verdict"] == "PASS"
+    assert "storage write 500.0 MB/s, read 300.0 MB/s (worker1's file)" in report["nodes"]["head"]["figures"]
+
+
+def test_a_failed_probe_run_is_named():
+    item = acc.storage_items([{"rc": 1, "stdout": "", "stderr": "runuser: user ray does not exist"}, None],
+                             "w2", "head", "/mnt/ray-shared", 20)[0]
+    assert item["error"] == "the write step failed: runuser: user ray does not exist"
