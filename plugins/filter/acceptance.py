@@ -554,10 +554,46 @@ def storage_probe_result(text):
     return {}
 
 
-def _probe_error(res, what):
+def storage_hung(res):
+    """Whether a registered storage probe step ran out of acceptance_storage_timeout (its async job did not finish)."""
+    if not isinstance(res, dict) or res.get("skipped"):
+        return False
+    return "did not complete within" in str(res.get("msg") or "")
+
+
+def storage_writers(hosts, hostvars, key="__acceptance_storage_write"):
+    """The hosts whose storage probe write finished with a digest (the reads expect a file from them only)."""
+    writers = []
+    for host in hosts or []:
+        res = (hostvars[host] if host in hostvars else {}).get(key)
+        if isinstance(res, dict) and storage_probe_result(res.get("stdout")).get("sha256"):
+            writers.append(host)
+    return writers
+
+
+def storage_peer(host, hosts, writers):
+    """The node whose file ``host`` reads back: the next of ``writers`` after ``host`` in ``hosts``' ring order,
+    never ``host`` itself ('' when no other node wrote)."""
+    hosts = list(hosts or [])
+    writers = set(writers or [])
+    if host not in hosts:
+        return ""
+    start = hosts.index(host)
+    for step in range(1, len(hosts)):
+        candidate = hosts[(start + step) % len(hosts)]
+        if candidate in writers:
+            return candidate
+    return ""
+
+
+def _probe_error(res, what, timeout=None):
     """Why a registered probe run gave no figure ('' when it did)."""
     if not isinstance(res, dict) or res.get("skipped"):
         return ""
+    if storage_hung(res):
+        return ("the %s step did not finish in %s: the storage hangs on this node (a hard NFS mount whose server is "
+                "gone, a stuck parallel filesystem client); the probe was killed" % (
+                    what, "%s s (acceptance_storage_timeout)" % timeout if timeout else "acceptance_storage_timeout"))
     data = storage_probe_result(res.get("stdout"))
     if data.get("error"):
         return data["error"]
@@ -567,19 +603,19 @@ def _probe_error(res, what):
     return ""
 
 
-def storage_items(results, host, peer, path, floor_mb_per_s=0):
+def storage_items(results, host, peer, path, floor_mb_per_s=0, timeout=None):
     """One {kind: storage, src, path, peer, write_mb_per_s, read_mb_per_s, floor_mb_per_s, error} item from the
     registered write and read runs of files/storage_probe.py on ``host`` (roles/acceptance/tasks/storage.yml)."""
     write, read = (list(results or []) + [None, None])[:2]
     item = {"kind": "storage", "src": host, "dst": None, "path": path, "peer": peer or None,
             "write_mb_per_s": None, "read_mb_per_s": None, "floor_mb_per_s": float(floor_mb_per_s or 0),
             "error": None}
-    error = _probe_error(write, "write")
+    error = _probe_error(write, "write", timeout)
     if error:
         item["error"] = error
         return [item]
     item["write_mb_per_s"] = storage_probe_result(write.get("stdout")).get("write_mb_per_s")
-    error = _probe_error(read, "read")
+    error = _probe_error(read, "read", timeout)
     data = storage_probe_result((read or {}).get("stdout")) if isinstance(read, dict) else {}
     item["read_mb_per_s"] = data.get("read_mb_per_s")
     item["error"] = error or None
@@ -609,6 +645,9 @@ class FilterModule:
         return {
             "storage_probe_result": storage_probe_result,
             "storage_items": storage_items,
+            "storage_hung": storage_hung,
+            "storage_writers": storage_writers,
+            "storage_peer": storage_peer,
             "acceptance_nodes": acceptance_nodes,
             "acceptance_report": acceptance_report,
             "ring_next": ring_next,

@@ -116,6 +116,39 @@ def test_acceptance_fails_every_node_when_the_path_is_local_to_each(cluster, lab
             labkit.sh(name, f"rm -rf {local}", check=False)
 
 
+def test_a_node_whose_storage_hangs_is_named_and_the_others_still_pass(cluster, lab):
+    # A hung mount (a hard NFS mount whose server is gone) makes the probe's process stop making progress; the
+    # lab has no NFS client, so worker2's runuser stops itself before it runs the write step, as a process stuck
+    # in the mount would. Each step runs in the background for acceptance_storage_timeout.
+    runuser = "/usr/sbin/runuser"
+    labkit.sh(WORKER2, f"cp -p {runuser} {runuser}.real && printf '#!/bin/sh\\ncase \"$*\" in "
+                       f"*\" write --host \"*) kill -STOP $$;; esac\\nexec {runuser}.real \"$@\"\\n' > {runuser}")
+    try:
+        rc, out, _ = labkit.run_playbook(
+            "playbooks/acceptance.yml", labkit.LAB_INVENTORY, "-e", "acceptance_storage_timeout=8",
+            "-e", "acceptance_traffic=false", "-e", "acceptance_ray_object=false",
+            "-e", "acceptance_nccl_allreduce=false")
+        assert rc != 0, out[-4000:]
+        assert "Traceback" not in out
+        reports = sorted((labkit.LAB_INVENTORY / "acceptance").glob("acceptance-*.json"))
+        report = json.loads(reports[-1].read_text())
+        hung = report["nodes"][WORKER2]
+        assert hung["verdict"] == "FAIL", report["lines"]
+        assert "did not finish in 8 s" in hung["storage"]["error"], hung
+        # The others read each other's files, not the one worker2 never wrote, and pass.
+        for name in (HEAD, WORKER1):
+            node = report["nodes"][name]
+            assert node["verdict"] == "PASS", report["lines"]
+            assert node["storage"]["error"] is None and node["storage"]["peer"] != WORKER2, node
+            assert node["storage"]["read_mb_per_s"] > 0, node
+        # The stuck probe was killed, not left behind.
+        left = labkit.sh(WORKER2, "ps -eo stat=,args= | grep -E '^T' | grep -v grep", check=False).stdout.strip()
+        assert left == "", left
+    finally:
+        labkit.sh(WORKER2, f"test ! -e {runuser}.real || mv -f {runuser}.real {runuser}; "
+                           "pkill -KILL -f 'write --host' || true", check=False)
+
+
 def test_switched_off_it_unmounts_only_raymetal_s_unit_keeps_the_data_and_mounts_again(cluster, lab, tmp_path):
     play = tmp_path / "storage.yml"
     play.write_text(f"""---

@@ -157,3 +157,46 @@ def test_a_failed_probe_run_is_named():
     item = acc.storage_items([{"rc": 1, "stdout": "", "stderr": "runuser: user ray does not exist"}, None],
                              "w2", "head", "/mnt/ray-shared", 20)[0]
     assert item["error"] == "the write step failed: runuser: user ray does not exist"
+
+
+# A node whose storage hangs (a hard NFS mount whose server is gone): its step runs out of acceptance_storage_timeout
+# in the background (async); the result Ansible registers for it says so.
+HUNG = {"failed": True, "msg": "async task did not complete within the requested time - 8s", "ansible_job_id": "j1",
+        "finished": 0}
+
+
+def test_a_hung_step_is_named_with_the_timeout_and_fails_the_node():
+    assert acc.storage_hung(HUNG) is True
+    assert acc.storage_hung({"rc": 0, "stdout": "{}"}) is False and acc.storage_hung({"skipped": True}) is False
+    assert acc.storage_hung(None) is False
+    item = acc.storage_items([HUNG, {"skipped": True}], "w2", "head", "/mnt/ray-shared", 20, 8)[0]
+    assert item["error"].startswith("the write step did not finish in 8 s (acceptance_storage_timeout): the "
+                                    "storage hangs on this node")
+    report = acc.acceptance_report({"w2": {"versions": {}}}, traffic=[item])
+    assert report["nodes"]["w2"]["verdict"] == "FAIL" and "did not finish in 8 s" in report["lines"][0]
+
+
+def test_the_reads_cover_only_the_nodes_whose_write_finished():
+    done = registered(json.dumps({"write_mb_per_s": 500.0, "sha256": "ab", "bytes": 1}))
+    hostvars = {"head": {"__acceptance_storage_write": done}, "w1": {"__acceptance_storage_write": done},
+                "w2": {"__acceptance_storage_write": HUNG}, "w3": {}}
+    hosts = ["head", "w1", "w2", "w3"]
+    writers = acc.storage_writers(hosts, hostvars)
+    assert writers == ["head", "w1"]
+    # The ring skips the nodes that wrote nothing: w1 reads head's file, not w2's, and so does w2's neighbour w3.
+    assert [acc.storage_peer(h, hosts, writers) for h in hosts] == ["w1", "head", "head", "head"]
+    assert acc.storage_peer("head", ["head"], ["head"]) == "" and acc.storage_peer("x", hosts, writers) == ""
+
+
+def test_the_storage_steps_run_in_the_background_for_the_timeout():
+    tasks = __import__("yaml").safe_load((ROOT / "roles" / "acceptance" / "tasks" / "storage.yml").read_text())
+    block = next(t for t in tasks if "block" in t)
+    steps = {t["name"]: t for t in block["block"] if "ansible.builtin.command" in t}
+    assert len(steps) == 3
+    for name, step in steps.items():
+        # A task timeout (`timeout:`) would drop the node from the play, unrecorded: it passed.
+        assert "timeout" not in step and step["async"] == "{{ acceptance_storage_timeout | int }}", name
+        assert step["poll"] == 1 and step["failed_when"] is False, name
+    read = next(s for n, s in steps.items() if n.startswith("Read back"))
+    assert "__acceptance_storage_writers | join(',')" in read["ansible.builtin.command"]["argv"]
+    assert "not __acceptance_storage_write | raymetal.cluster.storage_hung" in read["when"]
