@@ -29,7 +29,8 @@ JOBS = [
 ]
 
 
-def test_the_jobs_a_stop_ends_are_shown_and_published_without_entrypoints(tmp_path):
+def run_stage(tmp_path, answer):
+    """The two tasks, on this machine, with ``answer`` as the job API's registered answer: (output, published)."""
     stage = yaml.safe_load((ROOT / "roles" / "ray" / "tasks" / "stage.yml").read_text())
     tasks = [t for t in stage if t["name"] in ("Publish the jobs that a stop would end",
                                                "Show the jobs that will end when Ray stops")]
@@ -37,7 +38,7 @@ def test_the_jobs_a_stop_ends_are_shown_and_published_without_entrypoints(tmp_pa
     tasks.append({"name": "Write what was published", "ansible.builtin.copy": {
         "content": "{{ ray_running_jobs | to_json }}", "dest": str(tmp_path / "published.json"), "mode": "0600"}})
     play = [{"name": "Stage's job list", "hosts": "localhost", "gather_facts": False,
-             "vars": {"__ray_stage_jobs": {"status": 200, "json": JOBS}}, "tasks": tasks}]
+             "vars": {"__ray_stage_jobs": answer}, "tasks": tasks}]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
                ANSIBLE_CACHE_PLUGIN="memory")
@@ -46,8 +47,25 @@ def test_the_jobs_a_stop_ends_are_shown_and_published_without_entrypoints(tmp_pa
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
+    return out, json.loads((tmp_path / "published.json").read_text())
+
+
+def test_the_jobs_a_stop_ends_are_shown_and_published_without_entrypoints(tmp_path):
+    out, published = run_stage(tmp_path, {"status": 200, "json": JOBS})
     assert "2 job(s) will end: raysubmit_abc (RUNNING); 03000000 (PENDING)" in " ".join(out.split()), out
     assert SECRET not in out and "train.py" not in out
-    published = json.loads((tmp_path / "published.json").read_text())
     assert [j.get("submission_id") or j["job_id"] for j in published] == ["raysubmit_abc", "03000000"]
     assert SECRET not in json.dumps(published) and all("entrypoint" not in j for j in published)
+
+
+def test_a_job_api_that_does_not_answer_is_not_reported_as_no_jobs(tmp_path):
+    # It said "No running jobs" whatever the answer: an operator confirmed a stop that ended jobs nobody listed.
+    refused = {"status": -1, "failed": True,
+               "msg": "Status code was -1 and not [200]: Request failed: <urlopen error [Errno 111] Connection refused>"}
+    out, published = run_stage(tmp_path, refused)
+    flat = " ".join(out.split())
+    assert "No running jobs" not in flat and published == []
+    assert "The jobs could not be listed (the head" in flat and "job API answered -1: Status code was -1" in flat, flat
+    assert "any job that runs now will end when Ray stops" in flat
+    out, _ = run_stage(tmp_path, {"status": 200, "json": []})
+    assert "No running jobs." in " ".join(out.split())
