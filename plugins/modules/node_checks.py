@@ -93,6 +93,8 @@ options:
         CuPy (C(cupy-cuda13x) or C(cupy-cuda12x)) and the CUDA runtime (C(nvidia-cuda-runtime),
         C(nvidia-cuda-runtime-cu13) or C(nvidia-cuda-runtime-cu12)) installed there are reported (null when absent).
       - A path that does not exist is a C(fail) finding. Empty leaves these versions out.
+      - The interpreter gets 120 seconds (coreutils C(timeout)); one that does not answer in that time (a hung
+        filesystem under the venv) is a C(fail) finding that says so, instead of holding the run.
     type: path
     default: ""
 extends_documentation_fragment:
@@ -509,6 +511,9 @@ print(json.dumps({"python": platform.python_version(), "ray": version("ray"),
                   "nccl": version(*%r), "cupy": version(*%r), "cuda": version(*%r)}))
 """ % (NCCL_DISTRIBUTIONS, CUPY_DISTRIBUTIONS, CUDA_RUNTIME_DISTRIBUTIONS)
 SOFTWARE = ("python", "ray", "nccl", "cupy", "cuda")
+# Seconds the venv's Python gets to report (importlib.metadata reads the venv's dist-info: a hung filesystem under
+# it would otherwise hold acceptance, or the deploy's gate, for every node).
+VERSIONS_TIMEOUT = 120
 
 
 def venv_versions(module, python):
@@ -516,11 +521,17 @@ def venv_versions(module, python):
     empty = dict((name, None) for name in SOFTWARE)
     if not os.path.exists(python):
         return empty, "Ray's Python %s does not exist (fix: deploy first, or set the venv path)" % python
-    rc, out, err = module.run_command([python, "-c", VERSIONS_PROGRAM], environ_update=C_LOCALE)
+    timeout = module.get_bin_path("timeout")
+    # coreutils' timeout: SIGTERM at the limit, SIGKILL 5 s later; exit status 124 (or 137) when it had to.
+    limit = [timeout, "--kill-after=5", str(VERSIONS_TIMEOUT)] if timeout else []
+    rc, out, err = module.run_command(limit + [python, "-c", VERSIONS_PROGRAM], environ_update=C_LOCALE)
     try:
         data = json.loads(out) if rc == 0 else None
     except ValueError:
         data = None
+    if limit and rc in (124, 137) and not isinstance(data, dict):
+        return empty, ("%s did not report versions within %d s (a hung filesystem under the venv?): it was stopped"
+                       % (python, VERSIONS_TIMEOUT))
     if not isinstance(data, dict):
         return empty, "%s could not report versions (rc=%s): %s" % (python, rc, (err or out).strip()[-300:])
     return dict((name, data.get(name)) for name in SOFTWARE), None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -230,6 +231,22 @@ def test_venv_versions_from_a_real_python(tmp_path):
     assert fact["versions"]["python"] == platform.python_version()
     assert set(fact["versions"]) >= {"python", "ray", "nccl", "cupy", "cuda", "kernel", "nvidia_driver"}
     assert fact["findings"] == []
+
+
+def test_a_python_that_does_not_answer_is_a_failure_not_a_hang(tmp_path, monkeypatch):
+    # A hung filesystem under the venv held acceptance (and the deploy's gate) for as long as the interpreter hung.
+    monkeypatch.setattr(node_checks, "VERSIONS_TIMEOUT", 2, raising=False)
+    hung = tmp_path / "venv" / "bin" / "python"
+    hung.parent.mkdir(parents=True)
+    hung.write_text("#!/bin/sh\nexec sleep 60\n")
+    hung.chmod(0o755)
+    started = time.monotonic()
+    fact, _ = check("nordma", tmp_path, python=str(hung))
+    assert time.monotonic() - started < 30
+    finding = fact["findings"][0]
+    assert finding["severity"] == "fail" and fact["versions"]["ray"] is None
+    assert finding["message"] == ("%s did not report versions within 2 s (a hung filesystem under the venv?): it was "
+                                  "stopped" % hung)
 
 
 def test_missing_venv_is_a_failure_with_the_fix(tmp_path):
