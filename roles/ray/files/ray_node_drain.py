@@ -104,11 +104,14 @@ def main(argv, proc_root="/proc", gcs_nodes=None):
     base, gcs, node_ip, token_path, deadline_s, ray_bin, reason = argv[1:8]
     poll = float(argv[8]) if len(argv) > 8 else 1.0
     deadline_s = int(deadline_s)
-    with open(token_path) as handle:
-        token = handle.read().strip()
+    token = ""
     if base == GCS_ONLY:
+        # Ray's client reads the token from token_path itself.
         nodes_of = gcs_nodes or GcsNodes(gcs, token_path)
     else:
+        with open(token_path) as handle:
+            token = handle.read().strip()
+
         def nodes_of():
             return get(base, token, "/api/v0/nodes", {"detail": "true", "limit": 10000})
     result = {"node_ip": node_ip, "node_id": "", "drained": False, "idle": False, "seconds": 0.0,
