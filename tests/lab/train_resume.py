@@ -49,7 +49,9 @@ def loop(config):
             print("STEP %d" % step, flush=True)
 
 
-ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), logging_level="ERROR")
+# TRAIN_FAIL_AT goes to the training workers too (a Ray worker's environment is its node's, not the driver's).
+ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), logging_level="ERROR",
+         runtime_env={"env_vars": {"TRAIN_FAIL_AT": os.environ["TRAIN_FAIL_AT"]}} if os.environ.get("TRAIN_FAIL_AT") else None)
 trainer = DataParallelTrainer(
     loop,
     train_loop_config={"steps": STEPS, "step_s": STEP_S},

@@ -29,7 +29,7 @@ def test_valid_settings_have_no_problems(value):
 
 @pytest.mark.parametrize("value, words", [
     ("nfs01:/x", ["must be a dict"]),
-    ({"kind": "nfs"}, ["kind='nfs' is not one of none, mount"]),
+    ({"kind": "nfs"}, ["kind='nfs' is not one of none, mount, s3"]),
     ({"kind": "mount", "fstype": "nfs"}, ["raymetal_shared_storage.source is empty", "Fix: set source"]),
     ({"kind": "mount", "source": "a:/b"}, ["raymetal_shared_storage.fstype is empty"]),
     (dict(NFS, path="/etc/ray"), ["is a system directory"]),
@@ -56,11 +56,50 @@ def test_settings_fill_in_the_defaults_and_name_the_mount_unit():
     nfs = ss.shared_storage_settings(NFS)
     assert nfs == {"kind": "mount", "source": "nfs01:/export/ray", "fstype": "nfs", "options": "vers=4.2,hard",
                    "path": "/mnt/ray-shared", "packages": ["nfs-common"], "unit": "mnt-ray\\x2dshared.mount",
-                   "ray_path": "/mnt/ray-shared"}
+                   "ray_path": "/mnt/ray-shared", "s3": {}}
     lustre = ss.shared_storage_settings({"kind": "mount", "source": "mgs@o2ib:/scratch", "fstype": "lustre",
                                          "path": "/lustre/scratch/ray/", "packages": ["lustre-client-modules"]})
     assert lustre["packages"] == ["lustre-client-modules"] and lustre["options"] == "defaults"
     assert lustre["path"] == "/lustre/scratch/ray" and lustre["unit"] == "lustre-scratch-ray.mount"
+
+
+@pytest.mark.parametrize("value", [{"kind": "s3"}, {"kind": "s3", "host": "w1", "bucket": "ckpt.team-a", "port": 9000,
+                                                   "data_dir": "/data/s3", "size_gb": 500}])
+def test_valid_s3_settings_have_no_problems(value):
+    assert ss.shared_storage_problems(value, ["head", "w1"]) == []
+
+
+@pytest.mark.parametrize("value, words", [
+    ({"kind": "s3", "host": "w9"}, ["host='w9' is not a host of ray_cluster", "head, w1"]),
+    ({"kind": "s3", "bucket": "Ray_Ckpt"}, ["bucket='Ray_Ckpt' is not an S3 bucket name"]),
+    ({"kind": "s3", "bucket": "10.0.0.1"}, ["is not an S3 bucket name"]),
+    ({"kind": "s3", "port": 80}, ["port=80 is not a port from 1024 to 65528", "worker ports"]),
+    ({"kind": "s3", "port": "8333"}, ["port='8333'"]),
+    ({"kind": "s3", "size_gb": 0}, ["size_gb=0 is not a whole number"]),
+    ({"kind": "s3", "size_gb": True}, ["size_gb=True"]),
+    ({"kind": "s3", "data_dir": "/var/lib"}, ["data_dir=/var/lib is a system directory"]),
+    ({"kind": "s3", "data_dir": "s3data"}, ["data_dir='s3data' is not an absolute path"]),
+    # The mount kind's keys are not kind s3's (and the other way round).
+    ({"kind": "s3", "source": "x"}, ["unknown key(s) source for kind s3"]),
+    (dict(NFS, bucket="ray"), ["unknown key(s) bucket for kind mount"]),
+])
+def test_s3_problems_name_the_key_and_the_fix(value, words):
+    text = " | ".join(ss.shared_storage_problems(value, ["head", "w1"]))
+    assert "raymetal_shared_storage" in text and "Fix:" in text, value
+    for word in words:
+        assert word in text, (word, text)
+
+
+def test_s3_settings_default_to_the_head_and_size_the_store():
+    s3 = ss.shared_storage_settings({"kind": "s3"}, "head")
+    assert s3["kind"] == "s3" and s3["ray_path"] == "s3://ray" and s3["path"] == "" and s3["unit"] == ""
+    assert s3["s3"] == {"host": "head", "bucket": "ray", "port": 8333, "data_dir": "/var/lib/raymetal-s3",
+                        "size_gb": 100, "volumes": 100, "volume_size_mb": 1024}
+    other = ss.shared_storage_settings({"kind": "s3", "host": "w1", "bucket": "ckpt", "size_gb": 3,
+                                        "data_dir": "/data/s3/"}, "head")
+    assert other["ray_path"] == "s3://ckpt" and other["s3"]["host"] == "w1" and other["s3"]["volumes"] == 3
+    assert other["s3"]["data_dir"] == "/data/s3"
+    assert ss.shared_storage_settings(NFS, "head")["s3"] == {}
 
 
 @pytest.mark.parametrize("path", ["/mnt/ray-shared", "/data/a-b/c_d.e", "/lustre/x"])
