@@ -179,7 +179,9 @@ def test_teardown_leaves_the_nodes_as_before_the_first_deploy_and_a_redeploy_wor
         fresh[name] = set(path.read_text().splitlines())
 
     rc, out, _ = labkit.run_playbook(
-        "playbooks/teardown.yml", labkit.LAB_INVENTORY, "-e", "teardown_confirm=yes", "-e", "teardown_firewall=true"
+        "playbooks/teardown.yml", labkit.LAB_INVENTORY, "-e", "teardown_confirm=yes", "-e", "teardown_firewall=true",
+        # A lab where test_storage.py ran kind s3 holds the store's data, which teardown keeps unless asked.
+        "-e", "teardown_storage_data=true"
     )
     left, lost, packaged, leftovers = {}, {}, {}, {}
     if rc == 0:

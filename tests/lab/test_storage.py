@@ -33,15 +33,39 @@ PATH = "/mnt/ray-shared"
 UNIT = "mnt-ray\\x2dshared.mount"
 RAY_ENV = "set -a; . /etc/ray/ray.env; set +a"
 
-# Kind s3: a task pinned on each given node, the first writes an object through pyarrow at RAYMETAL_STORAGE_PATH
-# (s3://<bucket>), the others read it back; no endpoint or key in the job, only what Ray's environment gives.
-WRITE_READ_S3 = '''
+# A task pinned on each given node: the first writes a file through the shared storage, the others read it back
+# (the job's write and read functions: a path, or for kind s3 an object through pyarrow).
+JOB = '''
 import os, sys, ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 ips, text = sys.argv[2].split(","), sys.argv[3]
 nodes = dict((n["NodeManagerAddress"], n["NodeID"]) for n in ray.nodes() if n["Alive"])
+%s
+def on(ip):
+    return NodeAffinitySchedulingStrategy(nodes[ip], soft=False)
 
+path = ray.get(write.options(scheduling_strategy=on(ips[0])).remote(text), timeout=60)
+print("READ " + " ".join(ray.get([read.options(scheduling_strategy=on(ip)).remote(path) for ip in ips[1:]], timeout=60)))
+'''
+
+WRITE_READ = JOB % '''
+@ray.remote(num_cpus=0)
+def write(text):
+    path = os.path.join(os.environ["RAYMETAL_STORAGE_PATH"], "labtest-" + text)
+    with open(path, "w") as out:
+        out.write(text)
+    return path
+
+@ray.remote(num_cpus=0)
+def read(path):
+    with open(path) as handle:
+        return handle.read()
+'''
+
+# Kind s3: an object through pyarrow at RAYMETAL_STORAGE_PATH (s3://<bucket>); no endpoint or key in the job, only
+# what Ray's environment gives.
+WRITE_READ_S3 = JOB % '''
 @ray.remote(num_cpus=0)
 def write(text):
     import pyarrow.fs
@@ -56,39 +80,6 @@ def read(path):
     fs, _ = pyarrow.fs.FileSystem.from_uri(os.environ["RAYMETAL_STORAGE_PATH"])
     with fs.open_input_stream(path) as handle:
         return handle.read().decode()
-
-def on(ip):
-    return NodeAffinitySchedulingStrategy(nodes[ip], soft=False)
-
-path = ray.get(write.options(scheduling_strategy=on(ips[0])).remote(text), timeout=60)
-print("READ " + " ".join(ray.get([read.options(scheduling_strategy=on(ip)).remote(path) for ip in ips[1:]], timeout=60)))
-'''
-
-# A task pinned on each given node: the first writes a file through the shared storage, the others read it back.
-WRITE_READ = '''
-import os, sys, ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-ips, text = sys.argv[2].split(","), sys.argv[3]
-nodes = dict((n["NodeManagerAddress"], n["NodeID"]) for n in ray.nodes() if n["Alive"])
-
-@ray.remote(num_cpus=0)
-def write(text):
-    path = os.path.join(os.environ["RAYMETAL_STORAGE_PATH"], "labtest-" + text)
-    with open(path, "w") as out:
-        out.write(text)
-    return path
-
-@ray.remote(num_cpus=0)
-def read(path):
-    with open(path) as handle:
-        return handle.read()
-
-def on(ip):
-    return NodeAffinitySchedulingStrategy(nodes[ip], soft=False)
-
-path = ray.get(write.options(scheduling_strategy=on(ips[0])).remote(text), timeout=60)
-print("READ " + " ".join(ray.get([read.options(scheduling_strategy=on(ip)).remote(path) for ip in ips[1:]], timeout=60)))
 '''
 
 
