@@ -555,10 +555,12 @@ def storage_probe_result(text):
 
 
 def storage_hung(res):
-    """Whether a registered storage probe step ran out of acceptance_storage_timeout (its async job did not finish)."""
+    """Whether a registered storage probe step ran out of acceptance_storage_timeout: the poll gave up on its async job,
+    or (on a loaded controller, when the job's own limit came first) Ansible's async wrapper killed it and said so."""
     if not isinstance(res, dict) or res.get("skipped"):
         return False
-    return "did not complete within" in str(res.get("msg") or "")
+    msg = str(res.get("msg") or "")
+    return "did not complete within" in msg or (bool(res.get("failed")) and msg == "Timeout exceeded")
 
 
 def storage_writers(hosts, hostvars, key="__acceptance_storage_write"):

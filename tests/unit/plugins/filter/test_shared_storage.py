@@ -206,6 +206,10 @@ HUNG = {"failed": True, "msg": "async task did not complete within the requested
 
 def test_a_hung_step_is_named_with_the_timeout_and_fails_the_node():
     assert acc.storage_hung(HUNG) is True
+    # The async wrapper's own kill at the job's limit (seen in a full make test run: the wrapper's limit came before
+    # the poll's), with ansible-core's words (modules/async_wrapper.py).
+    assert acc.storage_hung({"failed": True, "finished": 1, "msg": "Timeout exceeded", "child_pid": 42}) is True
+    assert acc.storage_hung({"failed": True, "msg": "the probe failed"}) is False
     assert acc.storage_hung({"rc": 0, "stdout": "{}"}) is False and acc.storage_hung({"skipped": True}) is False
     assert acc.storage_hung(None) is False
     item = acc.storage_items([HUNG, {"skipped": True}], "w2", "head", "/mnt/ray-shared", 20, 8)[0]
