@@ -209,6 +209,8 @@ def test_a_hung_step_is_named_with_the_timeout_and_fails_the_node():
     # The async wrapper's own kill at the job's limit (seen in a full make test run: the wrapper's limit came before
     # the poll's), with ansible-core's words (modules/async_wrapper.py).
     assert acc.storage_hung({"failed": True, "finished": 1, "msg": "Timeout exceeded", "child_pid": 42}) is True
+    # As registered by the step's task (failed_when false), seen on the lab.
+    assert acc.storage_hung({"failed": False, "finished": 1, "msg": "Timeout exceeded"}) is True
     assert acc.storage_hung({"failed": True, "msg": "the probe failed"}) is False
     assert acc.storage_hung({"rc": 0, "stdout": "{}"}) is False and acc.storage_hung({"skipped": True}) is False
     assert acc.storage_hung(None) is False
