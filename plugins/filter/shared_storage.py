@@ -53,14 +53,16 @@ def _spec(value):
     return value
 
 
-def _path_problems(key, path, example):
+def _path_problems(key, path, example, why=""):
+    """A path of raymetal_shared_storage (``key``): absolute, of the characters units accept, not a system
+    directory (``why`` says what raymetal would do to one)."""
     normal = posixpath.normpath(path)
     if not _PATH_RE.match(path) or ".." in path.split("/"):
         return ["%s.%s=%r is not an absolute path of letters, digits, '_', '.', '-' and '/'. Fix: choose such a "
                 "path, e.g. %s" % (_VAR, key, path, example)]
     if normal in _SYSTEM_DIRS or normal.split("/")[1] in ("proc", "sys", "dev", "run", "boot", "etc", "usr"):
-        return ["%s.%s=%s is a system directory. Fix: choose a directory of its own, e.g. %s"
-                % (_VAR, key, path, example)]
+        return ["%s.%s=%s is a system directory%s. Fix: choose a directory of its own, e.g. %s"
+                % (_VAR, key, path, why, example)]
     return []
 
 
@@ -86,7 +88,7 @@ def _s3_problems(spec, hosts):
         problems.append("%s.size_gb=%r is not a whole number of GiB of 1 or more. Fix: e.g. size_gb: 500"
                         % (_VAR, size))
     data_dir = spec.get("data_dir", S3_DEFAULTS["data_dir"])
-    problems += _path_problems("data_dir", str(data_dir), S3_DEFAULTS["data_dir"])
+    problems += _path_problems("data_dir", str(data_dir), S3_DEFAULTS["data_dir"], ": the store writes its objects there")
     return problems
 
 
@@ -121,14 +123,8 @@ def shared_storage_problems(value, hosts=None):
         if any(ch in text for ch in "\n\r") or (key != "source" and any(ch.isspace() for ch in text)):
             problems.append("%s.%s=%r contains whitespace or a line break, which a mount unit cannot carry. Fix: "
                             "write the options comma-separated, without spaces" % (_VAR, key, text))
-    path = str(spec.get("path") or DEFAULT_PATH)
-    normal = posixpath.normpath(path)
-    if not _PATH_RE.match(path) or ".." in path.split("/"):
-        problems.append("%s.path=%r is not an absolute path of letters, digits, '_', '.', '-' and '/'. Fix: choose "
-                        "such a path, e.g. %s" % (_VAR, path, DEFAULT_PATH))
-    elif normal in _SYSTEM_DIRS or normal.split("/")[1] in ("proc", "sys", "dev", "run", "boot", "etc", "usr"):
-        problems.append("%s.path=%s is a system directory: raymetal mounts over it and unmounts it. Fix: choose a "
-                        "directory of its own, e.g. %s" % (_VAR, path, DEFAULT_PATH))
+    problems += _path_problems("path", str(spec.get("path") or DEFAULT_PATH), DEFAULT_PATH,
+                               ": raymetal mounts over it and unmounts it")
     packages = spec.get("packages")
     if packages is not None and not (isinstance(packages, list) and all(isinstance(p, str) for p in packages)):
         problems.append("%s.packages=%r is not a list of package names. Fix: e.g. packages: [nfs-common]"
@@ -153,17 +149,17 @@ def shared_storage_settings(value, head=""):
     """
     spec = _spec(value)
     kind = spec.get("kind", "none")
+    nothing = {"kind": kind, "source": "", "fstype": "", "options": "", "path": "", "packages": [], "unit": "",
+               "ray_path": "", "s3": {}}
     if kind == "none":
-        return {"kind": "none", "source": "", "fstype": "", "options": "", "path": "", "packages": [], "unit": "",
-                "ray_path": "", "s3": {}}
+        return nothing
     if kind == "s3":
         s3 = dict(S3_DEFAULTS)
         s3.update({k: v for k, v in spec.items() if k in S3_KEYS and k != "kind" and v is not None})
         s3["host"] = str(spec.get("host") or head)
         s3["data_dir"] = posixpath.normpath(str(s3["data_dir"]))
         s3.update({"volumes": int(s3["size_gb"]), "volume_size_mb": S3_VOLUME_SIZE_MB})
-        return {"kind": "s3", "source": "", "fstype": "", "options": "", "path": "", "packages": [], "unit": "",
-                "ray_path": "s3://%s" % s3["bucket"], "s3": s3}
+        return dict(nothing, ray_path="s3://%s" % s3["bucket"], s3=s3)
     fstype = str(spec.get("fstype")).strip()
     path = posixpath.normpath(str(spec.get("path") or DEFAULT_PATH))
     packages = spec.get("packages")
