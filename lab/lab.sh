@@ -101,7 +101,41 @@ image_tag() {
     cat "$LAB_DIR/files/raymetal-lab-fabric"
   } | sha256sum | cut -c1-12
 }
-image_of() { printf 'raymetal-node:%s' "$(image_tag "$1")"; }
+base_image_of() { printf 'raymetal-node:%s' "$(image_tag "$1")"; }
+
+# The lab's nodes run the base image plus one layer: the bytecode cache of
+# Ansible's module payloads (lab/files/raymetal_lab_bytecode.py says why and
+# what it is). LAB_BYTECODE_CACHE=0 runs the base image alone, as the
+# benchmarks do, so that their figures are a real node's.
+LAB_BYTECODE_CACHE=${LAB_BYTECODE_CACHE:-1}
+
+# BASE plus the bytecode cache of Ansible's module payloads -> IMAGE (a few
+# seconds): the hook and the .pth that loads it in the system Python's
+# dist-packages, and the cache directory, root's and 0700.
+add_bytecode_cache() {
+  local base=$1 image=$2 work cid
+  work=$(mktemp -d /tmp/raymetal-bytecode.XXXXXX)
+  # shellcheck disable=SC2064
+  trap "rm -rf '$work'" RETURN
+  install -m 0644 "$LAB_DIR/files/raymetal_lab_bytecode.py" "$work/raymetal_lab_bytecode.py"
+  printf 'import raymetal_lab_bytecode\n' >"$work/raymetal-lab-bytecode.pth"
+  install -d -m 0700 "$work/raymetal-lab-bytecode"
+  cid=$(docker create "$base") || die "docker create $base failed"
+  { docker cp -q "$work/raymetal_lab_bytecode.py" "$cid:/usr/lib/python3/dist-packages/" \
+      && docker cp -q "$work/raymetal-lab-bytecode.pth" "$cid:/usr/lib/python3/dist-packages/" \
+      && docker cp -q "$work/raymetal-lab-bytecode" "$cid:/var/cache/" \
+      && docker commit "$cid" "$image" >/dev/null; } || { docker rm -f "$cid" >/dev/null; die "adding the bytecode cache to $base failed"; }
+  docker rm -f "$cid" >/dev/null
+}
+
+# The layer's tag covers the hook and how add_bytecode_cache installs it (the
+# .pth line, the cache directory and its mode), as IMAGE_REVISION does for the base.
+bytecode_layer_tag() { { cat "$LAB_DIR/files/raymetal_lab_bytecode.py"; declare -f add_bytecode_cache; } | sha256sum | cut -c1-8; }
+image_of() {
+  if [[ $LAB_BYTECODE_CACHE == 0 ]]; then base_image_of "$1"; else
+    printf '%s-bc%s' "$(base_image_of "$1")" "$(bytecode_layer_tag)"
+  fi
+}
 
 # One image per release for every lab prefix: its content does not depend on
 # the prefix. LAB_IMAGE overrides the image of LAB_RELEASE.
@@ -275,20 +309,30 @@ lab_releases() { node_names | while read -r node; do release_of_node "$node"; do
 image_for_release() { [[ $1 == "$LAB_RELEASE" ]] && echo "$LAB_IMAGE" || image_of "$1"; }
 
 build_image() {
-  local release=$1 image=$2
+  local release=$1 image=$2 base
   check_release "$release"
   if docker image inspect "$image" >/dev/null 2>&1; then
     log "image $image ($release) is cached"
     return
   fi
-  log "building node image $image from Debian $release packages (about 2 minutes, once)"
-  local work
-  work=$(mktemp -d /tmp/raymetal-rootfs.XXXXXX)
-  # shellcheck disable=SC2064
-  trap "rm -rf '$work'" RETURN
-  build_rootfs "$work/rootfs" "$release"
-  tar -C "$work/rootfs" -c . | docker import -c 'CMD ["/lib/systemd/systemd"]' \
-    -c "LABEL io.raymetal.release=$release" - "$image" >/dev/null
+  base=$(base_image_of "$release")
+  if ! docker image inspect "$base" >/dev/null 2>&1; then
+    log "building node image $base from Debian $release packages (about 2 minutes, once)"
+    local work
+    work=$(mktemp -d /tmp/raymetal-rootfs.XXXXXX)
+    # shellcheck disable=SC2064
+    trap "rm -rf '$work'" RETURN
+    build_rootfs "$work/rootfs" "$release"
+    tar -C "$work/rootfs" -c . | docker import -c 'CMD ["/lib/systemd/systemd"]' \
+      -c "LABEL io.raymetal.release=$release" - "$base" >/dev/null
+    log "image $base ($release) built"
+  fi
+  [[ $image != "$base" ]] || return 0
+  if [[ $LAB_BYTECODE_CACHE == 0 ]]; then
+    docker tag "$base" "$image"
+  else
+    add_bytecode_cache "$base" "$image"
+  fi
   log "image $image ($release) built"
 }
 
@@ -573,7 +617,7 @@ release_apt_update() {
 # package list and image.
 # A release's mirror stamp: its image and the package list.
 # shellcheck disable=SC2046  # one line per package
-mirror_stamp() { printf '%s\n' "$(image_for_release "$1")" $(mirror_packages) | sha256sum | cut -c1-12; }
+mirror_stamp() { printf '%s\n' "$(base_image_of "$1")" $(mirror_packages) | sha256sum | cut -c1-12; }
 
 build_mirror() {
   local release=$1 image dir wanted stamp

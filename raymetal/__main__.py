@@ -4,7 +4,8 @@ Runs playbooks/status.yml (read-only) through :func:`raymetal.runner.status`, pr
 of the cluster and why, and exits with:
 
   0  every inventory host is an ALIVE Ray node
-  2  some inventory host is not an ALIVE Ray node (named), or the head could not be asked
+  2  some inventory host is not an ALIVE Ray node (named), the head could not be asked, or the S3 store
+     (raymetal_shared_storage kind s3) does not answer (named)
   3  every host is alive or quarantined, and at least one worker is quarantined by the health loop (named, with its
      class and check): ansible-playbook has one code (2) for both cases, this tells them apart
   4  the head is unreachable over SSH
@@ -29,7 +30,11 @@ def verdict(cluster):
     quarantined = dict((h, why) for h, why in left_out.items() if str(why).startswith("quarantined"))
     lines += ["%s: not an ALIVE Ray node" % host for host in missing]
     lines += ["%s: %s" % (host, why) for host, why in sorted(left_out.items())]
-    if missing:
+    store_down = cluster.get("storage_answers") is False
+    if store_down:
+        lines.append("the S3 store at %s does not answer: checkpoints to %s fail until it does"
+                     % (cluster.get("storage_endpoint") or "?", cluster.get("storage_path") or "?"))
+    if missing or store_down:
         return MISSING, lines
     if quarantined:
         return QUARANTINED, lines

@@ -46,8 +46,34 @@ run_lab() {
   return "$rc"
 }
 
+# Every E2E_HEARTBEAT seconds (default 600; 0: never) one line per lab and one for molecule on stdout: the
+# lab tests' output stays in artifacts/ until they end, and a run that CI stops at its time limit would
+# otherwise say nothing of how far it got or what was slow.
+heartbeat() {
+  local every=${E2E_HEARTBEAT:-600} n log cost done failed last molecule nap=
+  ((every > 0)) || return 0
+  # Killed at the end: its sleep goes with it, and never holds make's output open (CI reads it to its end).
+  trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+  while :; do
+    sleep "$every" >/dev/null 2>&1 &
+    nap=$!
+    wait "$nap"
+    for ((n = 1; n <= LABS; n++)); do
+      log=artifacts/e2e-lab$n.log cost=artifacts/cost-lab$n.tsv
+      # pytest -q's progress characters, one per finished test (lines of nothing else).
+      done=$(grep -hE '^[.FEsx]+( +\[ *[0-9]+%\])?$' "$log" 2>/dev/null | tr -cd '.FEsx')
+      failed=$(tr -cd 'FE' <<<"$done")
+      last=$(tail -n 1 "$cost" 2>/dev/null | cut -f1,2 | tr '\t' ' ')
+      echo "=== $(($(date +%s) - start)) s: lab $n: ${#done} tests done, ${#failed} failed or errored; last: ${last:-none} s"
+    done
+    molecule=$(grep -h '^=== molecule test' artifacts/molecule.log 2>/dev/null | tail -n 1)
+    [[ -z $molecule ]] || echo "=== $(($(date +%s) - start)) s: molecule: ${molecule#=== }"
+  done
+}
+
 declare -A pids
 start=$(date +%s)
+heartbeat & beat=$!
 for ((n = 1; n <= LABS; n++)); do
   log=artifacts/e2e-lab$n.log
   # Later labs start a little later: their `lab up` and first deploy do not all
@@ -61,6 +87,7 @@ for ((n = 1; n <= LABS; n++)); do
   wait "${pids[$n]}"; rcs[$n]=$?
   ((rc != 0)) || rc=${rcs[$n]}
 done
+kill "$beat" 2>/dev/null; wait "$beat" 2>/dev/null
 for ((n = 1; n <= LABS; n++)); do
   echo "=== lab end-to-end tests, lab $n/$LABS (artifacts/e2e-lab$n.log): exit ${rcs[$n]}"
   cat "artifacts/e2e-lab$n.log"

@@ -17,6 +17,9 @@ CPU-bound, so that is where a faster suite comes from. ARTIFACTS_DIR/playbooks-*
 (one line per playbook run of the lab tests: test, playbook, options, wall
 seconds, controller and node CPU-seconds, ok and changed task-host pairs) gives
 each lab's number of runs and the ten runs that cost the most CPU.
+Then where the whole machine's busy CPU (cpu.start and cpu.end: /proc/stat's jiffies) went: lint, unit and the
+setup, molecule's Ansible, each lab's playbook runs, its nodes outside them (Ray running between runs, the
+tests' jobs and faults) and its tests' other commands, and the rest, which none of these files counts.
 Prints nothing about a file that is not there; never fails the build.
 """
 
@@ -107,6 +110,34 @@ def playbook_runs(directory: Path) -> list[tuple[float, float, float, int, str, 
     return rows
 
 
+def breakdown(phase_rows: list[tuple], busy: float, spent: list[tuple], runs: list[tuple]) -> list[tuple[str, float]]:
+    """Where the whole machine's `busy` CPU-seconds went, [(what, CPU-seconds)], from the phases, the lab tests'
+    costs and their playbook runs read above; the last row is what none of them counts (molecule's containers,
+    the labs' containers outside their tests, Docker, the machine's own)."""
+    checks, molecule = 0.0, 0.0
+    for name, _, _, _, cpu in phase_rows:
+        if not cpu:
+            continue
+        if name.startswith("molecule"):
+            molecule += float(cpu)
+        elif name in ("lint", "unit") or name.startswith("setup"):
+            checks += float(cpu)
+    rows = [("lint, unit and the setup (their own processes)", checks),
+            ("molecule (its Ansible; its containers are in the last row)", molecule)]
+    for lab in sorted({row[4] for row in spent} | {row[6] for row in runs}):
+        run_controller = sum(row[1] for row in runs if row[6] == lab)
+        run_nodes = sum(row[0] - row[1] for row in runs if row[6] == lab)
+        test_controller = sum(row[1] for row in spent if row[4] == lab)
+        test_nodes = sum(row[0] - row[1] for row in spent if row[4] == lab)
+        rows += [(f"{lab}: its playbook runs (controller and nodes)", run_controller + run_nodes),
+                 (f"{lab}: its nodes outside playbook runs (Ray running, the tests' jobs and faults)",
+                  max(test_nodes - run_nodes, 0.0)),
+                 (f"{lab}: the tests' own commands on the controller", max(test_controller - run_controller, 0.0))]
+    rows.append(("the rest (molecule's containers, the labs before and after their tests, Docker, the machine)",
+                 busy - sum(cpu for _, cpu in rows)))
+    return rows
+
+
 def per_lab(rows: list[tuple], lab_at: int) -> list[tuple[str, list[tuple]]]:
     """The rows grouped by their lab (the field at lab_at), labs in order."""
     return [(lab, [row for row in rows if row[lab_at] == lab]) for lab in sorted({row[lab_at] for row in rows})]
@@ -130,12 +161,16 @@ def main(argv: list[str]) -> int:
         busy, seconds = machine
         print(f"=== the whole machine: {busy:.0f} CPU-seconds busy in {seconds / 60:.1f} minutes, "
               f"{busy / seconds:.2f} cores on average")
+    spent, runs = costs(directory), playbook_runs(directory)
+    if machine:
+        print("=== where the machine's CPU went")
+        for what, cpu in breakdown(rows, machine[0], spent, runs):
+            print(f"  {cpu:7.0f} CPU-s {100 * cpu / machine[0]:5.1f} %  {what}")
     tests = slowest(directory)
     if tests:
         print("=== the ten slowest tests")
         for seconds, name, source in tests:
             print(f"  {seconds / 60:5.1f} min  {seconds:7.1f} s  [{source}] {name}")
-    spent = costs(directory)
     if spent:
         print("=== CPU of the lab tests (controller: ansible and the tests' own commands; nodes: the lab's containers)")
         for lab, mine in per_lab(spent, 4):
@@ -145,7 +180,6 @@ def main(argv: list[str]) -> int:
         for total, controller, wall, name, lab in sorted(spent, reverse=True)[:10]:
             print(f"  {total:6.0f} CPU-s (controller {controller:5.0f}, nodes {total - controller:5.0f}) "
                   f"{wall:6.0f} s  [{lab}] {name}")
-    runs = playbook_runs(directory)
     if runs:
         print("=== playbook runs of the lab tests (ok: task-host pairs that ran; a fast-path run has few)")
         for lab, mine in per_lab(runs, 6):

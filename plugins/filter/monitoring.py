@@ -14,6 +14,9 @@ RAY_JOBS = {
 NODE_EXPORTER_JOB = "node"
 # dcgm-exporter on the hosts whose monitoring role turned DCGM on (__monitoring_dcgm_on).
 DCGM_JOB = "gpu"
+# Prometheus job of each metrics port the shared_storage role publishes in shared_storage_ports (its S3
+# store's, on the store's host); any other flagged port gets "storage_<name>".
+STORAGE_JOBS = {"s3_metrics": "s3_store"}
 
 
 def _address(host, addresses):
@@ -43,7 +46,9 @@ def monitoring_scrape_targets(hosts, hostvars, addresses, head_hosts, node_expor
     inventory name, 'ray_role': head|worker}}. Every job appears for every
     host that runs it, so one Prometheus target is one (host, port).
     dcgm_exporter_port: the "gpu" job, for hosts whose __monitoring_dcgm_on
-    (the monitoring role's preflight) is true.
+    (the monitoring role's preflight) is true. The metrics ports in a host's
+    shared_storage_ports (the shared_storage role's S3 store) are the
+    "s3_store" job.
     """
     jobs = {}
     head_hosts = set(head_hosts or [])
@@ -52,21 +57,24 @@ def monitoring_scrape_targets(hosts, hostvars, addresses, head_hosts, node_expor
         role = "head" if host in head_hosts else "worker"
         labels = {"host": host, "ray_role": role}
         hvars = hostvars[host] if host in hostvars else {}
-        ports = hvars.get("ray_ports") or []
-        for entry in ports:
+
+        def add(job, port):
+            jobs.setdefault(job, []).append({"targets": [_target(address, int(port))], "labels": dict(labels)})
+
+        for entry in hvars.get("ray_ports") or []:
             if not entry.get("metrics"):
                 continue
             if entry.get("scope", "all") == "head" and role != "head":
                 continue
             if entry.get("scope") == "closed":
                 continue
-            job = RAY_JOBS.get(entry["name"], "ray_" + str(entry["name"]))
-            jobs.setdefault(job, []).append({"targets": [_target(address, int(entry["port"]))], "labels": dict(labels)})
-        jobs.setdefault(NODE_EXPORTER_JOB, []).append(
-            {"targets": [_target(address, int(node_exporter_port))], "labels": dict(labels)})
+            add(RAY_JOBS.get(entry["name"], "ray_" + str(entry["name"])), entry["port"])
+        for entry in hvars.get("shared_storage_ports") or []:
+            if entry.get("metrics"):
+                add(STORAGE_JOBS.get(entry["name"], "storage_" + str(entry["name"])), entry["port"])
+        add(NODE_EXPORTER_JOB, node_exporter_port)
         if dcgm_exporter_port and _truthy(hvars.get("__monitoring_dcgm_on")):
-            jobs.setdefault(DCGM_JOB, []).append(
-                {"targets": [_target(address, int(dcgm_exporter_port))], "labels": dict(labels)})
+            add(DCGM_JOB, dcgm_exporter_port)
     return {job: sorted(entries, key=lambda e: e["labels"]["host"]) for job, entries in sorted(jobs.items())}
 
 

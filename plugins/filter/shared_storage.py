@@ -35,8 +35,11 @@ S3_DEFAULTS = {"bucket": "ray", "port": 8333, "data_dir": "/var/lib/raymetal-s3"
 # SeaweedFS keeps objects in volumes of this size; size_gb of them at most (its -volume.max): the store's limit.
 S3_VOLUME_SIZE_MB = 1024
 # The store's ports, from its S3 port up: S3 (the fabric), S3's gRPC (the fabric, closed to everyone), then the
-# master's, the volume server's and the filer's HTTP and gRPC ports (loopback).
-S3_PORTS = 8
+# master's, the volume server's and the filer's HTTP and gRPC ports (loopback), then its Prometheus metrics (the
+# fabric, open to the scrapers: the monitoring host).
+S3_PORTS = 9
+# Where SeaweedFS's metrics are, from the S3 port.
+S3_METRICS_OFFSET = 8
 # Bucket names as S3 allows them (lower case, digits, '.', '-'; 3 to 63 characters; no IP-address form).
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # What the mount unit's name and Ray's unit accept without systemd's escaping rules beyond '-' (the escape of
@@ -145,7 +148,8 @@ def shared_storage_settings(value, head=""):
     {kind, source, fstype, options, path, packages, unit, ray_path, s3}: ``unit`` is the mount unit's name ('' for
     none), ``ray_path`` the path Ray's processes are told of ('' for none; ``s3://<bucket>`` for kind s3), ``s3``
     kind s3's store ({} for the other kinds): host (``head`` unless set), bucket, port, data_dir, size_gb,
-    volumes and volume_size_mb (SeaweedFS's -volume.max and -master.volumeSizeLimitMB).
+    volumes and volume_size_mb (SeaweedFS's -volume.max and -master.volumeSizeLimitMB), limit_bytes (the store's
+    size limit, their product) and metrics_port (its Prometheus metrics).
     """
     spec = _spec(value)
     kind = spec.get("kind", "none")
@@ -158,7 +162,9 @@ def shared_storage_settings(value, head=""):
         s3.update({k: v for k, v in spec.items() if k in S3_KEYS and k != "kind" and v is not None})
         s3["host"] = str(spec.get("host") or head)
         s3["data_dir"] = posixpath.normpath(str(s3["data_dir"]))
-        s3.update({"volumes": int(s3["size_gb"]), "volume_size_mb": S3_VOLUME_SIZE_MB})
+        s3.update({"volumes": int(s3["size_gb"]), "volume_size_mb": S3_VOLUME_SIZE_MB,
+                   "metrics_port": int(s3["port"]) + S3_METRICS_OFFSET})
+        s3["limit_bytes"] = s3["volumes"] * S3_VOLUME_SIZE_MB * 1024 * 1024
         return dict(nothing, ray_path="s3://%s" % s3["bucket"], s3=s3)
     fstype = str(spec.get("fstype")).strip()
     path = posixpath.normpath(str(spec.get("path") or DEFAULT_PATH))

@@ -14,17 +14,23 @@ description:
     C(applied_state) module keeps it on every node with what the deploy applied there.
   - "Returns a SHA-256 digest (hex), of one of two halves (O(part)): the ansible-core version; every file of raymetal's
     C(roles), C(playbooks) and C(plugins) directories; every file of each inventory source (a directory
-    recursively, without C(acceptance) reports), the generated credentials included; and, for each host
-    given, its group membership and its variables before any templating (inventory, C(host_vars),
-    C(group_vars), extra variables, a dynamic inventory's too), without Ansible's own run-specific
+    recursively, following links, without C(acceptance) reports and without the C(host_vars) files of the hosts
+    given), the generated credentials included; and, for each host given, the group membership of every host
+    given and its own variables before any templating (inventory, C(host_vars), C(group_vars), extra variables,
+    a dynamic inventory's too), without Ansible's own run-specific
     variables and without C(raymetal_fast_path), C(raymetal_max_unreachable) and the SSH connection's timeouts,
     retries, control path and pipelining (C(ansible_timeout), C(ansible_ssh_timeout), C(ansible_ssh_retries),
     C(ansible_control_path), C(ansible_control_path_dir), C(ansible_pipelining), C(ansible_ssh_pipelining)),
     which change nothing on a node."
-  - Any change to any of those makes the digest differ, and the fast path then runs the full deploy.
+  - "Any change to any of those makes the digest differ, and the fast path then runs the full deploy on the hosts
+    it concerns: with O(per_host), a host's variables (its C(host_vars) file, say) concern that host alone; a
+    group variable, an extra variable, a group's members, raymetal's code and every other inventory file
+    concern every host."
 options:
   _terms:
-    description: The inventory hosts whose variables count (the cluster's); only with O(part=vars).
+    description:
+      - The inventory hosts whose variables count (the cluster's). With O(part=files), their C(host_vars) files
+        are left out (their content reaches a deploy only as those hosts' variables, which O(part=vars) digests).
     type: list
     elements: str
   part:
@@ -42,6 +48,13 @@ options:
     type: list
     elements: path
     default: []
+  per_host:
+    description:
+      - With O(part=vars), one digest per host given (a mapping of host to digest) instead of one for all.
+        A host's digest covers every host's groups and its own variables, so that a change to one host's
+        variables makes that host's digest differ and no other's.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -50,13 +63,18 @@ EXAMPLES = r"""
     digest: >-
       {{ lookup('raymetal.cluster.deploy_inputs', part='files') }}-{{
          lookup('raymetal.cluster.deploy_inputs', groups['ray_cluster'], part='vars') }}
+
+- name: One digest per host (a mapping), and the files half without those hosts' host_vars files
+  ansible.builtin.set_fact:
+    vars_digests: "{{ query('raymetal.cluster.deploy_inputs', groups['ray_cluster'], part='vars', per_host=true) | first }}"
+    files_digest: "{{ lookup('raymetal.cluster.deploy_inputs', groups['ray_cluster'], part='files') }}"
 """
 
 RETURN = r"""
 _raw:
-  description: The digest, one hex string.
+  description: The digest, one hex string; with O(per_host), one mapping of each host given to its digest.
   type: list
-  elements: str
+  elements: raw
 """
 
 import hashlib
@@ -95,13 +113,23 @@ RUN_VARS = {
 }
 
 
-def _update_tree(digest, top):
-    for current, dirs, files in os.walk(top):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+def _update_tree(digest, top, skip=()):
+    """Every file under top, by path relative to it and content; symbolic links followed (an inventory that links
+    its credentials digests as one that holds them), each real directory once; paths in skip left out."""
+    seen = set()
+    for current, dirs, files in os.walk(top, followlinks=True):
+        real = os.path.realpath(current)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and os.path.join(current, d) not in skip)
         for name in sorted(files):
             if name.endswith((".pyc", ".retry")):
                 continue
             path = os.path.join(current, name)
+            if path in skip:
+                continue
             digest.update(to_bytes(os.path.relpath(path, top)) + b"\0")
             try:
                 with open(path, "rb") as handle:
@@ -110,14 +138,48 @@ def _update_tree(digest, top):
                 digest.update(to_bytes("unreadable %s" % exc.__class__.__name__))
 
 
-def _update_path(digest, path):
+def _update_path(digest, path, skip=(), name=None):
     if os.path.isdir(path):
-        _update_tree(digest, path)
+        _update_tree(digest, path, skip)
     elif os.path.isfile(path):
         with open(path, "rb") as handle:
             digest.update(hashlib.sha256(handle.read()).digest())
     else:
-        digest.update(to_bytes("not a file: " + path))
+        digest.update(to_bytes("not a file: " + (name or path)))
+
+
+def host_vars_paths(source, hosts):
+    """The host_vars files and directories of the given hosts in an inventory directory (Ansible reads
+    host_vars/<host>, host_vars/<host>.yml, .yaml and .json): their content reaches a deploy only as those
+    hosts' variables."""
+    folder = os.path.join(source, "host_vars")
+    if not hosts or not os.path.isdir(folder):
+        return set()
+    wanted = set(hosts)
+    return set(os.path.join(folder, name) for name in os.listdir(folder)
+               if name in wanted or (os.path.splitext(name)[1] in (".yml", ".yaml", ".json")
+                                     and os.path.splitext(name)[0] in wanted))
+
+
+def _within(path, sources):
+    """path relative to the inventory directory that holds it (with that directory's name), else path itself."""
+    path = os.path.normpath(path)
+    for source in sources:
+        top = os.path.normpath(source)
+        if os.path.isdir(top) and path.startswith(top + os.sep):
+            return os.path.join(os.path.basename(top), os.path.relpath(path, top))
+    return path
+
+
+def _kept(hostvars, host):
+    raw = hostvars.raw_get(host)
+    if not isinstance(raw, dict):
+        raise AnsibleLookupError("deploy_inputs: %s is not an inventory host" % host)
+    return dict((k, v) for k, v in raw.items() if k not in RUN_VARS)
+
+
+def _dump(value):
+    return to_bytes(json.dumps(value, sort_keys=True, default=str))
 
 
 class LookupModule(LookupBase):
@@ -125,29 +187,42 @@ class LookupModule(LookupBase):
         variables = variables or {}
         self.set_options(var_options=variables, direct=kwargs)
         part = self.get_option("part")
+        hosts = sorted(str(h) for h in (terms[0] if len(terms) == 1 and isinstance(terms[0], list) else terms))
         digest = hashlib.sha256()
         if part == "files":
             digest.update(to_bytes("ansible-core " + ANSIBLE_CORE_VERSION) + b"\0")
             for name in CODE_DIRS:
                 digest.update(to_bytes("code " + name) + b"\0")
                 _update_path(digest, os.path.join(ROOT, name))
-            for source in sorted(variables.get("ansible_inventory_sources") or []):
+            sources = sorted(variables.get("ansible_inventory_sources") or [])
+            for source in sources:
                 digest.update(to_bytes("inventory " + os.path.basename(os.path.normpath(source))) + b"\0")
-                _update_path(digest, source)
+                _update_path(digest, source, host_vars_paths(source, hosts))
             for path in self.get_option("extra_files") or []:
-                digest.update(to_bytes("file " + path) + b"\0")
-                _update_path(digest, path)
+                # Named within its inventory (credentials/ray_token), so that a copy of the inventory elsewhere
+                # holding the same files has the same inputs; elsewhere by its path.
+                name = _within(path, sources)
+                digest.update(to_bytes("file " + name) + b"\0")
+                _update_path(digest, path, name=name)
             return [digest.hexdigest()]
 
         hostvars = variables.get("hostvars")
         if hostvars is None or not hasattr(hostvars, "raw_get"):
             raise AnsibleLookupError("deploy_inputs needs the play's hostvars; call it from a task.")
-        hosts = terms[0] if len(terms) == 1 and isinstance(terms[0], list) else terms
-        for host in sorted(str(h) for h in hosts):
-            raw = hostvars.raw_get(host)
-            if not isinstance(raw, dict):
-                raise AnsibleLookupError("deploy_inputs: %s is not an inventory host" % host)
-            kept = dict((k, v) for k, v in raw.items() if k not in RUN_VARS)
+        kept = dict((host, _kept(hostvars, host)) for host in hosts)
+        if self.get_option("per_host"):
+            # What concerns every host: the groups of each (a host that joins the monitoring group changes what
+            # the others scrape and admit); then each host's own variables.
+            groups = hashlib.sha256()
+            for host in hosts:
+                groups.update(to_bytes("host " + host) + b"\0" + _dump(kept[host].get("group_names")))
+            digests = {}
+            for host in hosts:
+                one = groups.copy()
+                one.update(to_bytes("vars " + host) + b"\0" + _dump(kept[host]))
+                digests[host] = one.hexdigest()
+            return [digests]
+        for host in hosts:
             digest.update(to_bytes("host " + host) + b"\0")
-            digest.update(to_bytes(json.dumps(kept, sort_keys=True, default=str)))
+            digest.update(_dump(kept[host]))
         return [digest.hexdigest()]

@@ -26,6 +26,12 @@ description:
     the link resolves to and the distributions installed; kernel modules by presence; InfiniBand ports by
     state; commands by their output."
   - >-
+    O(state=probe) also checks that the fabric address the last run published for this host
+    (C(ansible_facts.fabric.address) in O(published)) is still one of the node's addresses: a socket is
+    bound to it, and a node that no longer holds it differs from its record (its firewall peers and the
+    cluster know it by that address). Where the node cannot tell (another error than the address being
+    unavailable), nothing is said.
+  - >-
     Only reads the node in O(state=probe). O(state=record) writes the stamp only (mode 0600), and is
     skipped in check mode.
 options:
@@ -132,10 +138,12 @@ recorded_at:
   type: str
 """
 
+import errno
 import glob
 import hashlib
 import json
 import os
+import socket
 import stat
 import time
 
@@ -254,6 +262,29 @@ def fingerprint(module, watch, sysfs_module="/sys/module"):
     return result
 
 
+def address_gone(address):
+    """A line saying that `address` (the fabric address the last run published) is no longer on this node, when a
+    socket cannot bind to it for that reason; '' when it can, when there is no address, or when the node cannot
+    tell (another error: the check never makes a difference up)."""
+    address = str(address or "").split("/", 1)[0].strip()
+    if not address:
+        return ""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+    except OSError:
+        return ""
+    try:
+        sock.bind((address, 0))
+    except OSError as exc:
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return "fabric address %s: no longer on this node (the last deploy's record has it)" % address
+        return ""
+    finally:
+        sock.close()
+    return ""
+
+
 def compare(recorded, current):
     """Lines naming each key whose fingerprint differs, appeared or went away."""
     lines = []
@@ -293,7 +324,8 @@ def inputs_differ(recorded, current):
     if old[0] != new[0]:
         lines.append("raymetal's code or the inventory's files changed since the last deploy")
     if old[1] != new[1]:
-        lines.append("the hosts' variables (extra variables included) or groups changed since the last deploy")
+        lines.append("this host's variables (group and extra variables included) or the inventory's groups changed "
+                     "since the last deploy")
     return lines or ["the deploy's inputs changed since the last deploy"]
 
 
@@ -370,14 +402,20 @@ def run_module():
     if stamp is None:
         module.exit_json(changed=False, fresh=False, differs=[why], applied={}, recorded_at="")
     differs = inputs_differ(stamp.get("inputs") or "", params["inputs"])
+    applied = stamp.get("published") or {}
+    facts = applied.get("ansible_facts")
+    fabric = facts.get("fabric") if isinstance(facts, dict) else None
+    # Before the files' lines, so that a long list never cuts it off.
+    gone = address_gone(fabric.get("address") if isinstance(fabric, dict) else "")
+    if gone:
+        differs.append(gone)
     differs.extend(compare(stamp.get("state") or {}, current))
     if len(differs) > MAX_LINES:
         differs = differs[:MAX_LINES] + ["and %d more" % (len(differs) - MAX_LINES)]
-    applied = stamp.get("published") or {}
     result = dict(changed=False, fresh=not differs, differs=differs, applied=applied,
                   recorded_at=stamp.get("recorded_at", ""))
-    if not differs and isinstance(applied.get("ansible_facts"), dict):
-        result["ansible_facts"] = applied["ansible_facts"]
+    if not differs and isinstance(facts, dict):
+        result["ansible_facts"] = facts
     module.exit_json(**result)
 
 

@@ -45,6 +45,8 @@ options:
   wait_for_nodes:
     description:
       - Poll until at least this many nodes are ALIVE, for at most I(timeout) seconds.
+      - While waiting, a dashboard that does not listen yet, drops a request or fails it (HTTP 5xx, as Ray's
+        state API does while the head's GCS is too busy to answer) is asked again within the same I(timeout).
       - C(0) reads the state once without waiting.
     type: int
     default: 0
@@ -225,6 +227,11 @@ class NotListening(RayFactsError):
     """Nothing listens on the dashboard port (yet): the head unit is down or starting."""
 
 
+class ServerBusy(NotListening):
+    """The dashboard answered 5xx: it listens, but failed this request (its GCS or its own workers too busy, or
+    still starting). While waiting for the nodes it is asked again, as one that does not listen yet is."""
+
+
 def _short(text):
     text = text if isinstance(text, str) else repr(text)
     return text if len(text) <= SHOW_MAX else text[:SHOW_MAX] + "... (%d chars in all)" % len(text)
@@ -348,6 +355,10 @@ class RayApi(object):
     def get_json(self, path):
         """GET path and return its JSON; raise RayFactsError on non-200 or non-JSON answers."""
         status, body = self.get(path)
+        if status >= 500:
+            raise ServerBusy("%s%s answered HTTP %d: %s (the dashboard is up but failed the request: is %s "
+                             "overloaded? See journalctl -u %s -n 50)"
+                             % (self.address, path, status, _short(body), self.head_unit, self._unit_short()))
         if status != 200:
             raise RayFactsError("%s%s answered HTTP %d: %s" % (self.address, path, status, _short(body)))
         try:
@@ -514,18 +525,28 @@ def missing_message(nodes, wanted, expected, waited, worker_unit=DEFAULT_WORKER_
     return msg
 
 
-def read_version(api, wait, timeout, sleep=time.sleep, clock=time.monotonic):
-    """The API's version answer; when wait is true, a dashboard that is not listening yet
-    (the head unit was just started) is asked again every second for up to timeout seconds."""
+def _read(api, path, parse, wait, timeout, sleep, clock):
+    """parse(the JSON at path); when wait is true, a dashboard that does not listen yet (the head unit was just
+    started), drops the request or fails it (5xx) is asked again every second for up to timeout seconds."""
     start = clock()
     while True:
         try:
-            return parse_version(api.get_json(PATH_VERSION))
+            return parse(api.get_json(path))
         except NotListening as err:
             waited = clock() - start
             if not wait or waited >= timeout:
                 raise RayFactsError("%s%s" % (err, " (waited %d s)" % waited if wait else ""))
             sleep(min(1.0, max(timeout - waited, 0.1)))
+
+
+def read_version(api, wait, timeout, sleep=time.sleep, clock=time.monotonic):
+    """The API's version answer (see _read for the wait)."""
+    return _read(api, PATH_VERSION, parse_version, wait, timeout, sleep, clock)
+
+
+def read_usage(api, wait, timeout, sleep=time.sleep, clock=time.monotonic):
+    """The cluster's resource usage (see _read for the wait)."""
+    return _read(api, PATH_STATUS, parse_usage, wait, timeout, sleep, clock)
 
 
 def fetch_nodes(api, wanted, timeout, expected, sleep=time.sleep, clock=time.monotonic,
@@ -536,7 +557,8 @@ def fetch_nodes(api, wanted, timeout, expected, sleep=time.sleep, clock=time.mon
         try:
             nodes = parse_nodes(api.get_json(PATH_NODES))
         except NotListening as err:
-            # Waiting for the nodes: a dashboard that drops a request while it restarts is asked again.
+            # Waiting for the nodes: a dashboard that drops or fails (5xx) a request while it restarts, or while
+            # its GCS is too busy to answer it, is asked again.
             waited = clock() - start
             if not wanted or waited >= timeout:
                 raise RayFactsError("%s%s" % (err, " (waited %d s)" % waited if wanted else ""))
@@ -566,7 +588,7 @@ def gather(params, api_factory=RayApi, sleep=time.sleep, clock=time.monotonic):
                         config.get("worker_unit") or DEFAULT_WORKER_UNIT)
     health_status, health_body = api.get(PATH_HEALTH)
     healthy = health_status == 200 and health_body.strip() == "success"
-    usage = parse_usage(api.get_json(PATH_STATUS))
+    usage = read_usage(api, params["wait_for_nodes"] > 0, params["timeout"], sleep, clock)
     return build_facts(api.address, version, healthy, nodes, usage, expected)
 
 

@@ -117,8 +117,12 @@ def run_playbook(playbook: str, inventory: Path | str, *args: str, timeout: int 
 
 
 def inventory_copy(tmp_path: Path, host_vars: dict[str, dict] | None = None) -> Path:
-    """The lab inventory copied under tmp_path (same token: credentials/ is linked), with extra host_vars."""
-    inv = Path(tmp_path) / "inventory"
+    """The lab inventory copied under tmp_path (same token: credentials/ is linked), with extra host_vars.
+
+    The copy has the lab inventory's name and its credentials by link, so that the deploy's inputs differ from the
+    lab's only by those host_vars: a deploy from it sends only the hosts given (and the head) the full path, as a
+    site's edit of host_vars/<host>.yml does (the fast path per host)."""
+    inv = Path(tmp_path) / LAB_INVENTORY.name
     shutil.copytree(LAB_INVENTORY, inv, ignore=shutil.ignore_patterns("credentials", "acceptance"))
     (inv / "credentials").symlink_to(LAB_INVENTORY / "credentials")
     (inv / "host_vars").mkdir(exist_ok=True)

@@ -91,7 +91,9 @@ def test_healthy_lab_passes_with_a_json_report_and_iperf3_figures(first_report, 
     for name in lab:
         entry = report["nodes"][name]["storage"]
         assert entry["path"] == "/mnt/ray-shared" and entry["error"] is None, entry
-        assert entry["write_mb_per_s"] > entry["floor_mb_per_s"] == 20.0 and entry["read_mb_per_s"] > 20.0, entry
+        # The lab's floor (inventory/lab: the path works, not how fast the VM's shared disk is under the suite).
+        assert entry["floor_mb_per_s"] == 1.0, entry
+        assert entry["write_mb_per_s"] > 1.0 and entry["read_mb_per_s"] > 1.0, entry
         assert re.search(r"storage write [0-9.]+ MB/s, read [0-9.]+ MB/s \(%s's file\)" % re.escape(entry["peer"]),
                          report["nodes"][name]["figures"]), report["nodes"][name]["figures"]
     for item in report["traffic"]:
@@ -142,16 +144,22 @@ def drift_probe(lab):
         labkit.sh(name, "dpkg -r %s >/dev/null" % PROBE, check=False)
 
 
+# The drift check alone: the traffic between the nodes (iperf3, Ray's object transfer, the shared storage) is
+# test_healthy_lab_passes_with_a_json_report_and_iperf3_figures's, and adds nothing to what drift proves.
+NODE_CHECKS_ONLY = {"acceptance_traffic": False, "acceptance_ray_object": False, "acceptance_storage": False}
+
+
 def test_drift_is_named_and_fails_when_configured(cluster, lab, drift_probe):
     others = ", ".join(sorted(n for n in lab if n != drift_probe))
-    packages = json.dumps({"acceptance_packages": ["rdma-core", PROBE]})
+    packages = json.dumps({"acceptance_packages": ["rdma-core", PROBE], **NODE_CHECKS_ONLY})
     rc, out, _ = labkit.run_playbook(PLAYBOOK, labkit.LAB_INVENTORY, "-e", packages)
     assert rc == 0, out[-3000:]
     lines = verdict_lines(out)
     assert lines[drift_probe] == "WARN %s 2.0, others 1.0 (%s)" % (PROBE, others)
     assert all(lines[n].startswith("PASS ") for n in lab if n != drift_probe), lines
 
-    strict = json.dumps({"acceptance_packages": ["rdma-core", PROBE], "acceptance_drift_fail": [PROBE, "ray"]})
+    strict = json.dumps({"acceptance_packages": ["rdma-core", PROBE], "acceptance_drift_fail": [PROBE, "ray"],
+                         **NODE_CHECKS_ONLY})
     with pytest.raises(AcceptanceFailed) as err:
         acceptance(str(labkit.LAB_INVENTORY), extravars=json.loads(strict))
     report = err.value.report
@@ -184,9 +192,12 @@ def fake_rdma(lab):
 def test_the_rdma_ring_runs_ib_write_bw_between_the_fabric_ports(cluster, lab, fake_rdma):
     """The ib_write_bw ring, run for real between the lab nodes' fabric addresses with a stand-in binary (the lab
     has no RDMA): each node's server starts on the port behind ib0 (mlx5_0:1 in the recorded tree), each node
-    sends to the next once, and the figure is judged against 0.9 of the port's 400 Gb/s."""
+    sends to the next once, and the figure is judged against 0.9 of the port's 400 Gb/s. The checks that go through
+    Ray (the object ring, NCCL) and the storage ring are off: the module's first run proves them, and this run
+    only the ib_write_bw ring, which runs with the rest of the traffic checks (acceptance_traffic)."""
     extra = {"acceptance_sysfs_root": FAKE_SYS, "acceptance_state_file": "", "acceptance_rdma_tools": [],
-             "acceptance_ray_object": False, "acceptance_fail_on_fail": False}
+             "acceptance_ray_object": False, "acceptance_nccl_allreduce": False, "acceptance_storage": False,
+             "acceptance_fail_on_fail": False}
     report = acceptance(str(labkit.LAB_INVENTORY), extravars=extra)
     rdma = [t for t in report["traffic"] if t["kind"] == "ib_write_bw"]
     assert sorted(t["src"] for t in rdma) == sorted(lab) and sorted(t["dst"] for t in rdma) == sorted(lab), rdma

@@ -47,6 +47,9 @@ OS_NOISE = (
     # What the distribution's nginx makes at its first start (the package's
     # postinst starts it; the wheelhouse mirror then stops it and runs its own unit).
     "/var/lib/nginx/",
+    # The lab image's bytecode cache of Ansible's module payloads (lab/files/raymetal_lab_bytecode.py): the lab's,
+    # filled by every module run; its directory is in the fresh listing.
+    "/var/cache/raymetal-lab-bytecode/",
 )
 # A directory of the FHS that the ray role's scripts live under and teardown
 # leaves (Debian 13's image has it already; on Debian 12 the role makes it).

@@ -276,10 +276,15 @@ def job_status(lab, job_id):
 
 
 def test_a_worker_only_change_restarts_only_that_worker(cluster, lab, tmp_path):
+    """A setting in one worker's host_vars file: that worker (and the head) take the full path, the other worker
+    the fast path (the fast path per host); only that worker's Ray restarts. Undone the same way."""
+    counting_deploy(labkit.LAB_INVENTORY)  # records, or finds the record fresh
     inv = labkit.inventory_copy(tmp_path, {labkit.WORKER1: {"ray_labels": {"raymetal-test": "relabel"}}})
     before = labkit.invocation_ids(lab)
+    write = "Write Ray's directories, token, environment, unit, labels, cluster description, helpers and session pruner"
     try:
-        facts, changed = counting_deploy(inv)
+        ran = []
+        facts, changed = counting_deploy(inv, None, ran)
         after = labkit.invocation_ids(lab)
         assert after[HEAD] == before[HEAD]
         assert after[labkit.WORKER2] == before[labkit.WORKER2]
@@ -287,8 +292,14 @@ def test_a_worker_only_change_restarts_only_that_worker(cluster, lab, tmp_path):
         assert changed and all(c.startswith(labkit.WORKER1 + ":") for c in changed), changed
         worker1 = [n for n in facts["nodes"] if n["ip"] == lab[labkit.WORKER1]["lab_fabric_ip"] and n["state"] == "ALIVE"]
         assert worker1 and worker1[0]["labels"].get("raymetal-test") == "relabel", worker1
+        assert f"{labkit.WORKER1}: {write}" in ran and f"{HEAD}: {write}" in ran, ran
+        assert f"{labkit.WORKER2}: {write}" not in ran, ran
+        assert facts["unchanged"] == [labkit.WORKER2], facts["unchanged"]
     finally:
-        deploy(str(labkit.LAB_INVENTORY))
+        ran = []
+        counting_deploy(labkit.LAB_INVENTORY, None, ran)
+    assert f"{labkit.WORKER2}: {write}" not in ran and f"{labkit.WORKER1}: {write}" in ran, ran
+    assert labkit.invocation_ids(lab, [HEAD, labkit.WORKER2]) == {h: before[h] for h in (HEAD, labkit.WORKER2)}
 
 
 def test_a_killed_raylet_comes_back_by_itself(cluster, lab):

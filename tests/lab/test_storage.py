@@ -13,8 +13,9 @@ loses a worker node (docker restart -t 0: killed, then booted again) and resumes
 Kind s3 (an S3 store raymetal runs, SeaweedFS from the lab's wheelhouse) is deployed once on the same lab and
 checked for: the store on the head as its own user, on the fabric only on its S3 port and admitted to the members
 alone, its secret key in no environment file and no command line; a file a Ray task writes on one worker through
-pyarrow at RAYMETAL_STORAGE_PATH read back on the other nodes; a Ray Train run that checkpoints there and, after a
-rank crashed, resumes from its last checkpoint; then the lab's own kind again: the store stopped, its unit and
+pyarrow at RAYMETAL_STORAGE_PATH read back on the other nodes; acceptance's storage probe PASS on every node through
+the store, with its figures; status.yml naming the store's endpoint; a Ray Train run that checkpoints there, loses a
+worker node as above and resumes from its last checkpoint, read back from the store; then the lab's own kind again: the store stopped, its unit and
 keys gone from every node, its data kept.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -221,9 +223,12 @@ def test_switched_off_it_unmounts_only_raymetal_s_unit_keeps_the_data_and_mounts
         labkit.run_playbook(str(play), labkit.LAB_INVENTORY)
 
 
-def test_a_ray_train_run_resumes_from_its_checkpoint_after_a_worker_node_dies(cluster, lab):
-    name = "labtest-" + uuid.uuid4().hex[:8]
-    work = "/var/tmp/raymetal-storage-test"
+def train_through_a_node_death(lab, name, work):
+    """tests/lab/train_resume.py on the head as a user's driver (16 steps of 2 s, one rank on each of two nodes, Ray
+    Train's FailureConfig), the worker node of a rank killed (docker restart -t 0: SIGKILL, then a boot) once rank 0
+    has checkpointed step 3, and the run waited for. Returns the victim, the victim's clock before the kill, the
+    last step rank 0 had checkpointed then, the step every rank resumed from, the final metrics, the final
+    checkpoint's path and the whole output."""
     script = (Path(__file__).parent / "train_resume.py").read_text()
     labkit.sh(HEAD, f"mkdir -p {work} && cat > {work}/train_resume.py <<'EOF'\n{script}\nEOF")
     # The driver on the head, as a user's job would run (Ray's venv, its environment, the token).
@@ -233,33 +238,40 @@ def test_a_ray_train_run_resumes_from_its_checkpoint_after_a_worker_node_dies(cl
     def output():
         return labkit.sh(HEAD, f"cat {work}/train.out", check=False).stdout
 
+    labkit.wait_until(lambda: re.search(r"^.*STEP 3$", output(), re.M), 240, 2, "the run's checkpoint of step 3")
+    first = output()
+    ranks = dict(re.findall(r"RANK (\d) START 0 NODE ([0-9.]+)", first))
+    assert len(set(ranks.values())) == 2, first[-3000:]
+    by_ip = dict((lab[n]["lab_fabric_ip"], n) for n in lab)
+    victim = next(by_ip[ip] for ip in sorted(ranks.values()) if by_ip[ip] != HEAD)
+    done_before = max(int(n) for n in re.findall(r"STEP (\d+)$", first, re.M))
+    # The node dies (no stop, no drain: SIGKILL to the container) and boots again.
+    since = labkit.sh(victim, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
+    subprocess.run(["docker", "restart", "-t", "0", victim], check=True, capture_output=True, timeout=120)
+    labkit.wait_until(lambda: labkit.sh(HEAD, "pgrep -f 'train_resum[e].py'", check=False).returncode == 1, 420, 3,
+                      "the run to end")
+    text = output()
+    assert "RESULT " in text, text[-5000:]
+    resumed = [int(s) for s in re.findall(r"RANK \d START (\d+) NODE", text) if int(s) > 0]
+    # Restarted by Ray Train's failure handling, every rank starts from the last checkpoint's next step, not from
+    # 0: at most the step rank 0 was reporting when the node died is done again (its report can return before
+    # the controller has registered that checkpoint).
+    assert resumed and len(set(resumed)) == 1 and resumed[0] >= done_before, (done_before, text[-5000:])
+    metrics = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
+    checkpoint = text.split("CHECKPOINT ", 1)[1].splitlines()[0]
+    return victim, since, done_before, resumed[0], metrics, checkpoint, text
+
+
+def test_a_ray_train_run_resumes_from_its_checkpoint_after_a_worker_node_dies(cluster, lab, health_faults):
+    name = "labtest-" + uuid.uuid4().hex[:8]
+    work = "/var/tmp/raymetal-storage-test"
     try:
-        labkit.wait_until(lambda: re.search(r"^.*STEP 3$", output(), re.M), 240, 2, "the run's checkpoint of step 3")
-        first = output()
-        ranks = dict(re.findall(r"RANK (\d) START 0 NODE ([0-9.]+)", first))
-        assert len(set(ranks.values())) == 2, first[-3000:]
-        by_ip = dict((lab[n]["lab_fabric_ip"], n) for n in lab)
-        victim = next(by_ip[ip] for ip in sorted(ranks.values()) if by_ip[ip] != HEAD)
-        done_before = max(int(n) for n in re.findall(r"STEP (\d+)$", first, re.M))
-        # The node dies (no stop, no drain: SIGKILL to the container) and boots again.
-        since = labkit.sh(victim, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
-        subprocess.run(["docker", "restart", "-t", "0", victim], check=True, capture_output=True, timeout=120)
-        labkit.wait_until(lambda: labkit.sh(HEAD, "pgrep -f 'train_resum[e].py'", check=False).returncode == 1, 420, 3,
-                          "the run to end")
-        text = output()
-        assert "RESULT " in text, text[-5000:]
-        resumed = [int(s) for s in re.findall(r"RANK \d START (\d+) NODE", text) if int(s) > 0]
-        # Restarted by Ray Train's failure handling, every rank starts from the last checkpoint's next step, not from
-        # 0: at most the step rank 0 was reporting when the node died is done again (its report can return before
-        # the controller has registered that checkpoint).
-        assert resumed and len(set(resumed)) == 1 and resumed[0] >= done_before, (done_before, text[-5000:])
+        victim, since, done_before, resumed, metrics, checkpoint, _ = train_through_a_node_death(lab, name, work)
         steps = [json.loads(labkit.sh(HEAD, f"cat {path}").stdout)["step"] for path in labkit.sh(
             HEAD, f"ls -d {PATH}/train/{name}/checkpoint_*/state.json").stdout.split()]
-        assert resumed[0] - 1 in steps, (resumed, sorted(steps))
-        metrics = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
-        assert metrics == {"step": 15, "start": resumed[0]}, metrics
+        assert resumed - 1 in steps, (resumed, sorted(steps))
+        assert metrics == {"step": 15, "start": resumed}, metrics
         # The checkpoints are on the shared storage, where every node reads them.
-        checkpoint = text.split("CHECKPOINT ", 1)[1].splitlines()[0]
         assert checkpoint.startswith(f"{PATH}/train/{name}/checkpoint_"), checkpoint
         assert json.loads(labkit.sh(WORKER2 if victim != WORKER2 else WORKER1,
                                     f"cat {checkpoint}/state.json").stdout) == {"step": 15}
@@ -268,7 +280,7 @@ def test_a_ray_train_run_resumes_from_its_checkpoint_after_a_worker_node_dies(cl
         boot = labkit.sh(victim, f"journalctl --no-pager -o cat --since '{since}'").stdout
         assert "Mounted mnt-ray\\x2dshared.mount" in boot, boot[-3000:]
         print(f"\ntraining run: rank 0 had checkpointed step {done_before} when {victim} was killed; "
-              f"resumed at step {resumed[0]}")
+              f"resumed at step {resumed}")
     finally:
         labkit.sh(HEAD, f"pkill -f 'train_resum[e].py'; rm -rf {PATH}/train/{name} {work}", check=False)
         # The killed node is back in the cluster before the next test.
@@ -280,7 +292,7 @@ S3_CREDENTIALS = "/etc/ray/storage-s3-credentials"
 S3_DATA = "/var/lib/raymetal-s3"
 
 
-def test_kind_s3_runs_a_store_that_every_ray_process_reaches_and_switched_off_it_stops(cluster, lab):
+def test_kind_s3_runs_a_store_that_every_ray_process_reaches_and_switched_off_it_stops(cluster, lab, health_faults):
     secret_file = labkit.LAB_INVENTORY / "credentials" / "s3_secret_key"
     s3 = json.dumps({"raymetal_shared_storage": {"kind": "s3", "size_gb": 10}})
     head_ip = lab[HEAD]["lab_fabric_ip"]
@@ -297,14 +309,30 @@ def test_kind_s3_runs_a_store_that_every_ray_process_reaches_and_switched_off_it
         procs = labkit.sh(HEAD, "ps -eo user:20,args | grep '[w]eed server'").stdout
         assert procs.startswith("raymetal-s3 ") and "/opt/ray/venv/bin/weed server" in procs, procs
         labkit.wait_until(lambda: f"{head_ip}:8333" in labkit.sh(HEAD, "ss -ltnH").stdout, 60, 2, "the S3 port")
-        # Its ports are 8333 to 8340: the master, volume server and filer on loopback only.
+        # Its ports are 8333 to 8341: the master, volume server and filer on loopback only; its metrics (8341) on
+        # the fabric for the monitoring host alone.
+        labkit.wait_until(lambda: f"{head_ip}:8341" in labkit.sh(HEAD, "ss -ltnH").stdout, 60, 2, "the metrics port")
         listening = [line.split()[3] for line in labkit.sh(HEAD, "ss -ltnH").stdout.splitlines()]
-        ours = {a for a in listening if 8333 <= int(a.rsplit(":", 1)[1]) <= 8340}
-        assert {a for a in ours if not a.startswith("127.0.0.1:")} == {f"{head_ip}:8333", f"{head_ip}:8334"}, ours
-        assert len(ours) == 10, ours
+        ours = {a for a in listening if 8333 <= int(a.rsplit(":", 1)[1]) <= 8341}
+        assert {a for a in ours if not a.startswith("127.0.0.1:")} == {
+            f"{head_ip}:8333", f"{head_ip}:8334", f"{head_ip}:8341"}, ours
+        assert len(ours) == 11, ours
         rules = labkit.sh(HEAD, "nft list table inet raymetal").stdout
         assert re.search(r"tcp dport 8333 iifname \"ib0\" ip saddr @cluster_v4 accept", rules), rules
         assert re.search(r"tcp dport 8334 drop", rules), rules
+        assert re.search(r"tcp dport 8341 ip saddr @prometheus_v4 accept", rules), rules
+        # Prometheus scrapes the store (job s3_store, on its host) and reads its size limit (size_gb volumes of
+        # 1 GiB); the store's alerts are loaded.
+        def prom(query):
+            url = f"http://{head_ip}:9090/api/v1/query?" + urllib.parse.urlencode({"query": query})
+            result = json.loads(labkit.sh(HEAD, f"curl -sf -m 10 '{url}'").stdout)["data"]["result"]
+            return {r["metric"].get("host"): r["value"][1] for r in result}
+
+        labkit.wait_until(lambda: prom('up{job="s3_store"}') == {HEAD: "1"}, 120, 3, "Prometheus scraping the store")
+        assert prom('SeaweedFS_volumeServer_max_volumes{job="s3_store"}') == {HEAD: "10"}
+        loaded = labkit.sh(HEAD, f"curl -sf -m 10 http://{head_ip}:9090/api/v1/rules").stdout
+        for alert in ("RaymetalS3StoreDown", "RaymetalS3StoreFilling", "RaymetalS3StoreDiskFilling"):
+            assert f'"name":"{alert}"' in loaded, alert
         for name in lab:
             mode = labkit.sh(name, f"stat -c '%U:%G %a' {S3_CREDENTIALS}").stdout.strip()
             assert mode == "root:ray 640", (name, mode)
@@ -317,6 +345,34 @@ def test_kind_s3_runs_a_store_that_every_ray_process_reaches_and_switched_off_it
         # A task on worker1 writes through pyarrow at RAYMETAL_STORAGE_PATH; worker2 and the head read it back.
         marker, job = write_then_read(lab, WORKER1, [WORKER2, HEAD], job=WRITE_READ_S3)
         assert f"READ {marker} {marker}" in job, job[-3000:]
+        # Acceptance writes and reads back through the store on every node, as Ray Train reaches it (pyarrow with
+        # Ray's environment), and reports each node's figures (16 MiB each, no floor: this proves the path, not the
+        # speed of two shared cores).
+        rc, out, _ = labkit.run_playbook(
+            "playbooks/acceptance.yml", labkit.LAB_INVENTORY, "-e", s3, "-e", "acceptance_traffic=false",
+            "-e", "acceptance_storage_mib=16", "-e", "acceptance_storage_min_mb_per_s=0.1",
+            "-e", "acceptance_ray_object=false", "-e", "acceptance_nccl_allreduce=false")
+        report = json.loads(sorted((labkit.LAB_INVENTORY / "acceptance").glob("acceptance-*.json"))[-1].read_text())
+        for name in lab:
+            storage = report["nodes"][name]["storage"]
+            assert storage["path"] == "s3://ray" and storage["error"] is None, (name, storage, report["lines"])
+            assert storage["write_mb_per_s"] > 0 and storage["read_mb_per_s"] > 0, (name, storage)
+        assert rc == 0, out[-4000:]
+        # status.yml names the store's endpoint and bucket (from the inventory and the nodes' fabric addresses).
+        rc, out, _ = labkit.run_playbook("playbooks/status.yml", labkit.LAB_INVENTORY, "-e", s3)
+        assert rc == 0 and f"the S3 store at http://{head_ip}:8333, bucket s3://ray (it answers)" in " ".join(
+            out.split()), out[-3000:]
+        # A store that does not answer is named, and status.yml fails on it (exit 2) with what to do.
+        labkit.sh(HEAD, f"systemctl stop {S3_UNIT}")
+        try:
+            rc, out, _ = labkit.run_playbook("playbooks/status.yml", labkit.LAB_INVENTORY, "-e", s3)
+            flat = " ".join(out.split())
+            assert rc == 2 and "(IT DOES NOT ANSWER: " in flat, out[-3000:]
+            assert (f"The S3 store at http://{head_ip}:8333 ({HEAD}, raymetal_shared_storage kind s3) does not answer"
+                    in flat), out[-3000:]
+        finally:
+            labkit.sh(HEAD, f"systemctl start {S3_UNIT}")
+        labkit.wait_until(lambda: f"{head_ip}:8333" in labkit.sh(HEAD, "ss -ltnH").stdout, 60, 2, "the S3 port again")
         # Without the key, or with another, the store refuses (it is not open to whoever reaches its port).
         probe = ("set -a; . /etc/ray/ray.env; set +a; printf '[default]\\naws_access_key_id = raymetal\\n"
                  "aws_secret_access_key = not-the-key\\n' > /tmp/bad.ini; for f in /tmp/bad.ini /nonexistent; do "
@@ -327,19 +383,23 @@ def test_kind_s3_runs_a_store_that_every_ray_process_reaches_and_switched_off_it
         lines = refused.strip().splitlines()
         assert len(lines) == 2 and all(re.search(r"AWS Error (ACCESS_DENIED|SIGNATURE_DOES_NOT_MATCH)", line)
                                        for line in lines), refused
-        # Ray Train checkpoints to the store and, after rank 1 crashed at step 2, resumes from the last checkpoint.
+        # Ray Train checkpoints to the store; a worker node of the run dies (docker restart -t 0) and the run resumes
+        # from its last checkpoint, read back from the store.
         name = "labtest-" + uuid.uuid4().hex[:8]
-        script = (Path(__file__).parent / "train_resume.py").read_text()
-        labkit.sh(HEAD, f"mkdir -p {work} && cat > {work}/train_resume.py <<'EOF'\n{script}\nEOF")
-        train = labkit.sh(HEAD, f"{RAY_ENV}; export RAY_ADDRESS={head_ip}:6379 TRAIN_FAIL_AT=2; cd {work} && "
-                                f"timeout 300 /opt/ray/venv/bin/python train_resume.py {name} 4 1 2>&1",
-                          check=False, timeout=330).stdout
-        assert "RESULT " in train, train[-5000:]
-        resumed = [int(s) for s in re.findall(r"RANK \d START (\d+) NODE", train) if int(s) > 0]
-        assert resumed and len(set(resumed)) == 1, train[-5000:]
-        assert json.loads(train.split("RESULT ", 1)[1].splitlines()[0]) == {"step": 3, "start": resumed[0]}, train
-        checkpoint = train.split("CHECKPOINT ", 1)[1].splitlines()[0]
+        victim, _, done_before, resumed, metrics, checkpoint, _ = train_through_a_node_death(lab, name, work)
+        assert metrics == {"step": 15, "start": resumed}, metrics
         assert re.match(rf"^(s3://)?ray/train/{name}/checkpoint_", checkpoint), checkpoint
+        # The checkpoint it resumed from and the last one are objects in the store, read by the other worker.
+        reader = WORKER2 if victim != WORKER2 else WORKER1
+        listing = labkit.sh(reader, f"{RAY_ENV}; timeout 60 /opt/ray/venv/bin/python -c \"import json, pyarrow.fs as pf; "
+                                    f"f, p = pf.FileSystem.from_uri('s3://ray/train/{name}'); "
+                                    "print('STEPS', sorted(json.loads(f.open_input_stream(i.path + '/state.json').read())"
+                                    "['step'] for i in f.get_file_info(pf.FileSelector(p)) "
+                                    "if i.type == pf.FileType.Directory and i.base_name.startswith('checkpoint_')))\"", user="ray", timeout=90).stdout
+        steps = json.loads(listing.split("STEPS ", 1)[1].splitlines()[0])
+        assert resumed - 1 in steps and 15 in steps, (resumed, steps)
+        labkit.wait_until(lambda: len(labkit.alive_ips(lab)) == len(lab), 240, 3, "every node ALIVE again")
+        print(f"\nkind s3: rank 0 had checkpointed step {done_before} when {victim} was killed; resumed at step {resumed}")
         # The objects are in the store's data directory on the head, which nobody but the store reads.
         assert labkit.sh(HEAD, f"stat -c '%U %a' {S3_DATA}").stdout.strip() == "raymetal-s3 700"
     finally:
@@ -351,7 +411,10 @@ def test_kind_s3_runs_a_store_that_every_ray_process_reaches_and_switched_off_it
     assert labkit.sh(HEAD, f"systemctl is-active {S3_UNIT}", check=False).stdout.strip() in ("inactive", "unknown")
     assert labkit.sh(HEAD, f"test -e /etc/systemd/system/{S3_UNIT} || test -e /etc/raymetal/s3",
                      check=False).returncode == 1
-    assert f"{head_ip}:8333" not in labkit.sh(HEAD, "ss -ltnH").stdout
+    listening = labkit.sh(HEAD, "ss -ltnH").stdout
+    assert f"{head_ip}:8333" not in listening and f"{head_ip}:8341" not in listening, listening
+    # Prometheus no longer scrapes it (its target file is gone with the job).
+    assert labkit.sh(HEAD, "test -e /etc/prometheus/raymetal/targets/s3_store.yml", check=False).returncode == 1
     assert int(labkit.sh(HEAD, f"du -sk {S3_DATA}").stdout.split()[0]) > 100, "the store's data stays"
     for name in lab:
         assert labkit.sh(name, f"test -e {S3_CREDENTIALS}", check=False).returncode == 1, name

@@ -4,8 +4,7 @@ tests/lab/test_storage.py runs it on the head as a driver: python train_resume.p
 prints "RANK r START s NODE ip" when an attempt begins (s: the step it starts from: 0 on the first attempt, the last
 checkpoint's step + 1 after Ray Train restarted the run), rank 0 "STEP n" once step n's checkpoint is reported;
 at the end "RESULT {metrics}" and "CHECKPOINT path". The storage path is RAYMETAL_STORAGE_PATH, as a user's job
-would read it: no other change for the shared storage. TRAIN_FAIL_AT=n makes rank 1's first attempt exit at step n
-(a crash without a node loss, for running it on one machine).
+would read it: no other change for the shared storage.
 """
 import json
 import os
@@ -30,14 +29,8 @@ def loop(config):
             with open(os.path.join(directory, "state.json")) as handle:
                 start = json.load(handle)["step"] + 1
     print("RANK %d START %d NODE %s" % (rank, start, ray.util.get_node_ip_address()), flush=True)
-    if os.environ.get("TRAIN_FAIL_AT") and rank == 1 and start == 0:
-        fail_at = int(os.environ["TRAIN_FAIL_AT"])
-    else:
-        fail_at = -1
     for step in range(start, config["steps"]):
         time.sleep(config["step_s"])
-        if step == fail_at:
-            os._exit(1)
         with tempfile.TemporaryDirectory() as directory:
             saved = None
             if rank == 0:
@@ -49,9 +42,7 @@ def loop(config):
             print("STEP %d" % step, flush=True)
 
 
-# TRAIN_FAIL_AT goes to the training workers too (a Ray worker's environment is its node's, not the driver's).
-ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), logging_level="ERROR",
-         runtime_env={"env_vars": {"TRAIN_FAIL_AT": os.environ["TRAIN_FAIL_AT"]}} if os.environ.get("TRAIN_FAIL_AT") else None)
+ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), logging_level="ERROR")
 trainer = DataParallelTrainer(
     loop,
     train_loop_config={"steps": STEPS, "step_s": STEP_S},

@@ -206,6 +206,15 @@ def published(cluster: str) -> str:
      2, "worker1: quarantined by the health loop (transient, fabric_link): x"),
     # Left out by the acceptance gate, not quarantined: not this command's business (status.yml counts it alive or not).
     ('{nodes_alive: 2, missing: [], left_out: {worker2: "acceptance gate: FAIL"}}', 0, "worker2: acceptance gate: FAIL"),
+    # The S3 store does not answer: named, exit 2 (a quarantine beside it does not hide it).
+    ('{nodes_alive: 3, missing: [], left_out: {worker1: "quarantined by the health loop (transient, fabric_link): x"}, '
+     'storage_path: "s3://ray", storage_endpoint: "http://10.0.0.10:8333", storage_answers: false}',
+     2, "the S3 store at http://10.0.0.10:8333 does not answer: checkpoints to s3://ray fail until it does"),
+    # It answers, or there is no store (storage_answers null): no line, the other cases decide.
+    ('{nodes_alive: 3, missing: [], left_out: {}, storage_path: "s3://ray", storage_endpoint: "http://h:8333", '
+     'storage_answers: true}', 0, "3 node(s) alive at ?"),
+    ('{nodes_alive: 3, missing: [], left_out: {}, storage_path: "/mnt/ray-shared", storage_endpoint: "", '
+     'storage_answers: null}', 0, "3 node(s) alive at ?"),
 ])
 def test_the_status_command_tells_quarantined_from_missing_by_its_exit_status(tmp_path, inventory, monkeypatch, capsys,
                                                                                cluster, code, line):

@@ -15,14 +15,16 @@ def report(directory: Path) -> str:
                           text=True).stdout
 
 
+def a_run(directory: Path, *phase_lines: str):
+    """phases.tsv with these lines, and the whole machine 5400 CPU-s busy from second 1000 to 3760."""
+    (directory / "phases.tsv").write_text("".join(line + "\n" for line in phase_lines))
+    (directory / "cpu.start").write_text("100000 1000\n")
+    (directory / "cpu.end").write_text("640000 3760\n")
+
+
 def test_phases_print_minutes_and_cpu_and_the_machine_its_cores(tmp_path):
-    (tmp_path / "phases.tsv").write_text(
-        "unit\t1000\t1300\t0\t240.4\n"
-        "lab 1: end-to-end tests\t1060\t3760\t1\t1250.0\n"
-        "an older line without CPU\t1000\t1060\t0\n"
-        "not a phase\n")
-    (tmp_path / "cpu.start").write_text("100000 1000\n")
-    (tmp_path / "cpu.end").write_text("640000 3760\n")
+    a_run(tmp_path, "unit\t1000\t1300\t0\t240.4", "lab 1: end-to-end tests\t1060\t3760\t1\t1250.0",
+          "an older line without CPU\t1000\t1060\t0", "not a phase")
     out = report(tmp_path)
     lines = {line.split("  ")[1].strip(): line for line in out.splitlines() if line.startswith("  ") and "  " in line[2:]}
     assert "5.0" in lines["unit"] and "240" in lines["unit"] and lines["unit"].rstrip().endswith("0")
@@ -52,3 +54,27 @@ def test_playbook_runs_are_counted_per_lab_and_the_costliest_named(tmp_path):
     assert [line.split("<- ")[1] for line in lines] == ["session", "test_b.py::test_z", "test_a.py::test_x",
                                                          "test_a.py::test_y"]
     assert "site.yml -e raymetal_fast_path" in lines[2] and "ok  303" in lines[2]
+
+
+def test_the_machine_s_cpu_is_split_between_the_phases_the_labs_and_the_rest(tmp_path):
+    a_run(tmp_path, "setup: OS packages, venv\t1000\t1100\t0\t100.0", "lint\t1100\t1500\t0\t300.0",
+          "unit\t1100\t1600\t0\t400.0", "molecule default (Debian bookworm)\t1100\t1200\t0\t50.0",
+          "molecule cluster (Debian trixie)\t1200\t2000\t0\t250.0", "lab 1: end-to-end tests\t1100\t3760\t0\t1250.0")
+    (tmp_path / "cost-lab1.tsv").write_text(
+        "the session's first deploy (the cluster fixture)\t480.0\t60.0\t180.0\n"
+        "tests/lab/test_a.py::test_x\t300.0\t110.0\t400.0\n")
+    (tmp_path / "playbooks-lab1.tsv").write_text(
+        "session\tsite.yml\t\t480.0\t55.0\t170.0\t450\t80\n"
+        "test_a.py::test_x\tsite.yml\t\t40.0\t30.0\t20.0\t303\t0\n")
+    out = report(tmp_path).split("=== where the machine's CPU went")[1]
+    rows = {line.split("%", 1)[1].strip(): line.split("CPU-s")[0].strip() for line in out.strip().splitlines()
+            if "CPU-s" in line and "%" in line}
+    assert rows["lint, unit and the setup (their own processes)"] == "800"
+    assert rows["molecule (its Ansible; its containers are in the last row)"] == "300"
+    assert rows["lab1: its playbook runs (controller and nodes)"] == "275"
+    # Nodes 580 in the tests, 190 of it in playbook runs; controller 170 in the tests, 85 in playbook runs.
+    assert rows["lab1: its nodes outside playbook runs (Ray running, the tests' jobs and faults)"] == "390"
+    assert rows["lab1: the tests' own commands on the controller"] == "85"
+    # 5400 busy, 1850 of it counted above.
+    assert rows["the rest (molecule's containers, the labs before and after their tests, Docker, the machine)"] == "3550"
+    assert "65.7 %  the rest" in out

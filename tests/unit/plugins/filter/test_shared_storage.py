@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import os
 import subprocess
 import sys
 
@@ -73,7 +74,7 @@ def test_valid_s3_settings_have_no_problems(value):
     ({"kind": "s3", "host": "w9"}, ["host='w9' is not a host of ray_cluster", "head, w1"]),
     ({"kind": "s3", "bucket": "Ray_Ckpt"}, ["bucket='Ray_Ckpt' is not an S3 bucket name"]),
     ({"kind": "s3", "bucket": "10.0.0.1"}, ["is not an S3 bucket name"]),
-    ({"kind": "s3", "port": 80}, ["port=80 is not a port from 1024 to 65528", "worker ports"]),
+    ({"kind": "s3", "port": 80}, ["port=80 is not a port from 1024 to 65527", "worker ports"]),
     ({"kind": "s3", "port": "8333"}, ["port='8333'"]),
     ({"kind": "s3", "size_gb": 0}, ["size_gb=0 is not a whole number"]),
     ({"kind": "s3", "size_gb": True}, ["size_gb=True"]),
@@ -94,7 +95,8 @@ def test_s3_settings_default_to_the_head_and_size_the_store():
     s3 = ss.shared_storage_settings({"kind": "s3"}, "head")
     assert s3["kind"] == "s3" and s3["ray_path"] == "s3://ray" and s3["path"] == "" and s3["unit"] == ""
     assert s3["s3"] == {"host": "head", "bucket": "ray", "port": 8333, "data_dir": "/var/lib/raymetal-s3",
-                        "size_gb": 100, "volumes": 100, "volume_size_mb": 1024}
+                        "size_gb": 100, "volumes": 100, "volume_size_mb": 1024,
+                        "limit_bytes": 100 * 1024 ** 3, "metrics_port": 8341}
     other = ss.shared_storage_settings({"kind": "s3", "host": "w1", "bucket": "ckpt", "size_gb": 3,
                                         "data_dir": "/data/s3/"}, "head")
     assert other["ray_path"] == "s3://ckpt" and other["s3"]["host"] == "w1" and other["s3"]["volumes"] == 3
@@ -174,6 +176,97 @@ def test_probe_that_cannot_write_names_the_path(tmp_path):
     assert "cannot write" in result["error"] and str(blocker) in result["error"]
     item = acc.storage_items([registered(out), {"skipped": True}], "head", "", str(blocker), 20)[0]
     assert item["error"].startswith("cannot write")
+
+
+# Kind s3: the probe goes through pyarrow.fs from Ray's venv. The controller's venv has no pyarrow, so these tests give
+# the probe a stand-in package with the same calls (FileSystem.from_uri, get_file_info, FileSelector, FileType,
+# open_output_stream, open_input_stream, delete_file, delete_dir) over a local directory, which also records the
+# endpoint the probe found; the lab's kind s3 test runs the real one against SeaweedFS.
+FAKE_PYARROW_FS = """
+import enum, os
+class FileType(enum.IntEnum):
+    NotFound = 0
+    File = 1
+    Directory = 2
+class FileSelector:
+    def __init__(self, base_dir, allow_not_found=False, recursive=False):
+        self.base_dir, self.allow_not_found = base_dir, allow_not_found
+class FileInfo:
+    def __init__(self, path, type):
+        self.path, self.type, self.base_name = path, type, path.rstrip("/").rsplit("/", 1)[-1]
+class _Local:
+    def __init__(self, root):
+        self.root = root
+    def _p(self, path):
+        return os.path.join(self.root, path)
+    def get_file_info(self, what):
+        if isinstance(what, FileSelector):
+            base = self._p(what.base_dir)
+            if not os.path.isdir(base):
+                return []
+            return [self.get_file_info(what.base_dir + "/" + n) for n in sorted(os.listdir(base))]
+        p = self._p(what)
+        return FileInfo(what, FileType.Directory if os.path.isdir(p) else FileType.File if os.path.exists(p) else FileType.NotFound)
+    def open_output_stream(self, path):
+        os.makedirs(os.path.dirname(self._p(path)), exist_ok=True)
+        return open(self._p(path), "wb")
+    def open_input_stream(self, path):
+        return open(self._p(path), "rb")
+    def delete_file(self, path):
+        os.unlink(self._p(path))
+    def delete_dir(self, path):
+        os.rmdir(self._p(path))
+class FileSystem:
+    @staticmethod
+    def from_uri(uri):
+        assert uri.startswith("s3://")
+        with open(os.environ["FAKE_S3_SEEN"], "a") as seen:
+            seen.write(os.environ.get("AWS_ENDPOINT_URL", "") + " " + os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "") + "\\n")
+        return _Local(os.environ["FAKE_S3_ROOT"]), uri[len("s3://"):]
+"""
+
+
+def s3_probe(tmp_path, *args, pyarrow=True):
+    (tmp_path / "site" / "pyarrow").mkdir(parents=True, exist_ok=True)
+    if pyarrow:
+        (tmp_path / "site" / "pyarrow" / "__init__.py").write_text("")
+        (tmp_path / "site" / "pyarrow" / "fs.py").write_text(FAKE_PYARROW_FS)
+    (tmp_path / "store" / "ray").mkdir(parents=True, exist_ok=True)
+    env_file = tmp_path / "ray.env"
+    env_file.write_text("RAY_TMPDIR=/var/lib/ray/tmp\nAWS_ENDPOINT_URL=http://10.0.0.1:8333\n"
+                        "AWS_SHARED_CREDENTIALS_FILE=/etc/ray/storage-s3-credentials\nAWS_EC2_METADATA_DISABLED=true\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), FAKE_S3_ROOT=str(tmp_path / "store"),
+               FAKE_S3_SEEN=str(tmp_path / "seen"))
+    out = subprocess.run([sys.executable, "-", args[0], "--dir", "s3://ray", "--run", "r1", "--env-file", str(env_file),
+                          *args[1:]], input=PROBE.read_text(), capture_output=True, text=True, check=True, env=env).stdout
+    return out, json.loads(out)
+
+
+def test_probe_on_an_s3_bucket_writes_reads_and_removes_objects_with_ray_s_endpoint(tmp_path):
+    _, head = s3_probe(tmp_path, "write", "--host", "head", "--mib", "2")
+    _, w1 = s3_probe(tmp_path, "write", "--host", "worker1", "--mib", "2")
+    assert head["bytes"] == 2 << 20 and head["write_mb_per_s"] > 0 and "error" not in w1
+    assert (tmp_path / "store" / "ray" / ".raymetal-acceptance" / "r1" / "worker1.bin").stat().st_size == 2 << 20
+    out, read = s3_probe(tmp_path, "read", "--peer", "worker1", "--expect", w1["sha256"], "--hosts", "head,worker1")
+    assert read["digest_ok"] is True and read["missing"] == [] and "error" not in read, read
+    # The endpoint and the key file's path came from Ray's environment file, as every Ray process gets them.
+    assert set((tmp_path / "seen").read_text().splitlines()) == {"http://10.0.0.1:8333 /etc/ray/storage-s3-credentials"}
+    item = acc.storage_items([registered(out), registered(out)], "head", "worker1", "s3://ray", 0.001)[0]
+    assert item["path"] == "s3://ray"
+    for host in ("head", "worker1"):
+        assert s3_probe(tmp_path, "clean", "--host", host)[1] == {"cleaned": True}
+    assert list((tmp_path / "store" / "ray").iterdir()) == []
+
+
+def test_probe_on_an_s3_bucket_names_a_missing_object_and_a_missing_pyarrow(tmp_path):
+    _, read = s3_probe(tmp_path, "read", "--peer", "worker1", "--expect", "x", "--hosts", "head,worker1")
+    assert read["missing"] == ["head", "worker1"] and "worker1's file is not here" in read["error"], read
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for phase in (["write", "--host", "head", "--mib", "1"], ["read", "--peer", "head", "--hosts", "head"],
+                  ["clean", "--host", "head"]):
+        _, result = s3_probe(bare, *phase, pyarrow=False)
+        assert "pyarrow is not in Ray's venv" in result["error"] and "ray_pip_extras" in result["error"], result
 
 
 def test_storage_below_the_floor_fails_and_the_report_carries_the_figures():

@@ -41,7 +41,8 @@ def test_record_then_probe_is_fresh_and_returns_the_published_facts(tmp_path):
     conf = node(tmp_path)
     stamp = tmp_path / "state" / "applied.json"
     watch = {"paths": [str(conf), str(tmp_path / "missing")], "kernel_modules": ["surely_not_loaded_module"]}
-    published = {"ansible_facts": {"fabric": {"address": "10.0.0.1"}}}
+    # An address of this machine: the probe checks that the node still holds the address it published.
+    published = {"ansible_facts": {"fabric": {"address": "127.0.0.1"}}}
     recorded = run({"state": "record", "path": str(stamp), "inputs": "a-b", "watch": watch, "published": published})
     assert recorded["changed"] is True
     assert oct(os.stat(stamp).st_mode & 0o777) == "0o600"
@@ -49,8 +50,42 @@ def test_record_then_probe_is_fresh_and_returns_the_published_facts(tmp_path):
                 "published": published})["changed"] is False
     probe = run({"path": str(stamp), "inputs": "a-b", "watch": watch})
     assert (probe["fresh"], probe["differs"]) == (True, [])
-    assert probe["ansible_facts"] == {"fabric": {"address": "10.0.0.1"}}
+    assert probe["ansible_facts"] == {"fabric": {"address": "127.0.0.1"}}
     assert probe["recorded_at"] == recorded["recorded_at"]
+
+
+# 192.0.2.1 (TEST-NET-1, RFC 5737) is on no machine: binding a socket to it sends nothing and fails.
+@pytest.mark.parametrize("address, gone", [("127.0.0.1", False), ("127.0.0.1/8", False), ("192.0.2.1", True),
+                                           ("192.0.2.1/24", True), ("", False)])
+def test_a_node_that_no_longer_holds_its_published_fabric_address_differs(tmp_path, address, gone):
+    nonlocal_bind = Path("/proc/sys/net/ipv4/ip_nonlocal_bind")
+    if gone and nonlocal_bind.exists() and nonlocal_bind.read_text().strip() != "0":
+        pytest.skip("this machine binds sockets to addresses it does not hold (net.ipv4.ip_nonlocal_bind)")
+    stamp = tmp_path / "applied.json"
+    watch = {"paths": [str(node(tmp_path))]}
+    run({"state": "record", "path": str(stamp), "inputs": "a-b", "watch": watch,
+         "published": {"ansible_facts": {"fabric": {"address": address}}}})
+    probe = run({"path": str(stamp), "inputs": "a-b", "watch": watch})
+    line = "fabric address 192.0.2.1: no longer on this node (the last deploy's record has it)"
+    assert (probe["fresh"], probe["differs"]) == ((False, [line]) if gone else (True, [])), probe
+    assert ("ansible_facts" in probe) is not gone
+
+
+def test_the_address_check_says_nothing_where_the_node_cannot_tell(monkeypatch):
+    class Refused:
+        def __init__(self, *args):
+            pass
+
+        def bind(self, where):
+            raise PermissionError(13, "Permission denied")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(applied_state.socket, "socket", Refused)
+    assert applied_state.address_gone("192.0.2.1") == ""
+    assert applied_state.address_gone("fd00::1") == ""
+    assert applied_state.address_gone(None) == ""
 
 
 @pytest.mark.parametrize("drift, expected", [
@@ -78,7 +113,8 @@ def test_changed_inputs_name_the_half_that_changed(tmp_path):
     assert run({"path": str(stamp), "inputs": "files2-vars1", "watch": {}})["differs"] == [
         "raymetal's code or the inventory's files changed since the last deploy"]
     assert run({"path": str(stamp), "inputs": "files1-vars2", "watch": {}})["differs"] == [
-        "the hosts' variables (extra variables included) or groups changed since the last deploy"]
+        "this host's variables (group and extra variables included) or the inventory's groups changed since the "
+        "last deploy"]
 
 
 def test_a_venv_is_watched_by_its_target_and_its_distributions(tmp_path):
@@ -214,3 +250,100 @@ def test_the_inputs_leave_out_the_variables_that_change_nothing_on_a_node():
     assert digest({"ansible_timeout": 5, "ansible_control_path_dir": "/tmp/x", "ansible_ssh_retries": 2}) == plain
     assert digest({"ansible_host": "10.0.0.9"}) != plain
     assert digest({"ray_version": "2.59.0"}) != plain
+
+
+def _lookup(part, per_host=False, extra_files=()):
+    from ansible_collections.raymetal.cluster.plugins.lookup.deploy_inputs import LookupModule
+
+    lookup = LookupModule()
+    # The options as Ansible's plugin loader would set them from the call.
+    lookup.set_options = lambda **_: None
+    lookup.get_option = {"part": part, "extra_files": list(extra_files), "per_host": per_host}.get
+    return lookup
+
+
+def _per_host(hostvars):
+    return _lookup("vars", per_host=True).run([sorted(hostvars)], variables={"hostvars": _HostVars(hostvars)})[0]
+
+
+def _cluster(**changes):
+    """Three hosts' raw variables as an inventory gives them (group variables repeated on each), with changes
+    {host: {variable: value}}."""
+    hosts = {"head": ["ray_cluster", "ray_head"], "w1": ["ray_cluster", "ray_worker"], "w2": ["ray_cluster", "ray_worker"]}
+    return {h: dict({"ray_version": "2.60.0", "group_names": groups}, **changes.get(h, {})) for h, groups in hosts.items()}
+
+
+def test_one_host_s_variable_changes_that_host_s_digest_alone():
+    """The fast path per host (issue 37): a worker's own setting sends that worker the full path, no other."""
+    before = _per_host(_cluster())
+    assert sorted(before) == ["head", "w1", "w2"] and len(set(before.values())) == 3
+    after = _per_host(_cluster(w1={"ray_labels": {"rack": "r7"}}))
+    assert [h for h in before if before[h] != after[h]] == ["w1"]
+    # The same digests for the same inputs, run after run.
+    assert _per_host(_cluster()) == before
+
+
+def test_a_group_or_extra_variable_or_a_group_s_members_change_every_host_s_digest():
+    before = _per_host(_cluster())
+    # A group variable (or an extra variable) reaches every host's variables.
+    everywhere = _per_host(_cluster(**{h: {"ray_version": "2.59.0"} for h in ("head", "w1", "w2")}))
+    assert all(before[h] != everywhere[h] for h in before)
+    # A worker joins the monitoring group: what every other host scrapes and admits changes with it.
+    joined = _per_host(_cluster(w2={"group_names": ["ray_cluster", "ray_monitoring", "ray_worker"]}))
+    assert all(before[h] != joined[h] for h in before)
+
+
+def test_the_files_half_leaves_out_the_host_vars_files_of_the_hosts_given(tmp_path):
+    """A host_vars file reaches a deploy only as its host's variables (the per-host half); a group_vars file, the
+    hosts file or a credentials file changes the files half, for every host."""
+    inv = tmp_path / "site"
+    (inv / "host_vars").mkdir(parents=True)
+    (inv / "group_vars").mkdir()
+    (inv / "credentials").mkdir()
+    (inv / "hosts.yml").write_text("all: {}\n")
+    (inv / "group_vars" / "ray_cluster.yml").write_text("ray_version: 2.60.0\n")
+    (inv / "host_vars" / "w1.yml").write_text("ray_labels: {rack: r1}\n")
+    (inv / "host_vars" / "outsider.yml").write_text("x: 1\n")
+    (inv / "credentials" / "ray_token").write_text("secret\n")
+
+    def files(hosts=("head", "w1", "w2")):
+        return _lookup("files").run([list(hosts)], variables={"ansible_inventory_sources": [str(inv)]})[0]
+
+    plain = files()
+    (inv / "host_vars" / "w1.yml").write_text("ray_labels: {rack: r7}\n")
+    assert files() == plain
+    # Without w1 among the hosts given, its file counts as any other inventory file.
+    before = files(("head", "w2"))
+    (inv / "host_vars" / "w1.yml").write_text("ray_labels: {rack: r9}\n")
+    assert files(("head", "w2")) != before and files() == plain
+    for path, text in (("host_vars/outsider.yml", "x: 2\n"), ("group_vars/ray_cluster.yml", "ray_version: 2.59.0\n"),
+                       ("hosts.yml", "all: {hosts: {w3: {}}}\n"), ("credentials/ray_token", "rotated\n")):
+        before = files()
+        (inv / path).write_text(text)
+        assert files() != before, path
+
+
+def test_an_inventory_that_links_its_credentials_digests_as_one_that_holds_them(tmp_path):
+    """The lab tests' inventory copies link the lab's credentials: the copy's files half is the original's."""
+    original = tmp_path / "a" / "lab"
+    (original / "credentials").mkdir(parents=True)
+    (original / "credentials" / "ray_token").write_text("secret\n")
+    (original / "hosts.yml").write_text("all: {}\n")
+    copy = tmp_path / "b" / "lab"
+    copy.mkdir(parents=True)
+    (copy / "hosts.yml").write_text("all: {}\n")
+    (copy / "credentials").symlink_to(original / "credentials")
+
+    def files(source):
+        # The token as the deploy names it (ray_auth_token_file), one of the files digested by content.
+        # A file the deploy would read if it were there (gcs_redis_tls_dir's default) counts as missing, by name.
+        return _lookup("files", extra_files=[str(source / "credentials" / "ray_token"),
+                                             str(source / "credentials" / "gcs_redis_tls")]).run(
+            [["head"]], variables={"ansible_inventory_sources": [str(source)]})[0]
+
+    assert files(copy) == files(original)
+    (original / "credentials" / "ray_token").write_text("rotated\n")
+    assert files(copy) == files(original)
+    # A link back up the tree is walked once, not forever, and adds nothing.
+    (copy / "loop").symlink_to(copy)
+    assert files(copy) == files(original)

@@ -578,3 +578,52 @@ def test_access_lines_carry_the_inventory_ssh_user_port_key_and_options():
     tunnel = rcfilter.ray_access_lines({"address": "http://10.0.0.1:8265"}, other)[1]
     assert tunnel.endswith("-L 8265:10.0.0.1:8265 -p 2222 -i %s 10.231.10.10" % os.path.expanduser("~/.ssh/site"))
     assert rcfilter.ray_access_lines({}, ssh) == ["Dashboard and job API: ? (token required)"]
+
+
+class FailingApi(rcf.RayApi):
+    """A dashboard that answers 500 to the first `failures` requests for `path` (what Ray 2.60's state API
+    answered, "Server got itself in trouble", while a loaded head's GCS was slow: run32, lab 2's first deploy)."""
+
+    def __init__(self, address, token, timeout, validate_certs=True, head_unit=rcf.DEFAULT_HEAD_UNIT, path=None,
+                 failures=0):
+        super(FailingApi, self).__init__(address, token, timeout, validate_certs, head_unit)
+        self.path, self.failures = path, failures
+
+    def get(self, path):
+        if path == self.path and self.failures > 0:
+            self.failures -= 1
+            return 500, "500 Internal Server Error\n\nServer got itself in trouble"
+        return super(FailingApi, self).get(path)
+
+
+def failing(path, failures):
+    return lambda *args: FailingApi(*args, path=path, failures=failures)
+
+
+@pytest.mark.parametrize("path", [rcf.PATH_VERSION, rcf.PATH_NODES, rcf.PATH_STATUS])
+def test_wait_asks_again_a_dashboard_that_answers_500(token_file, path):
+    clock = FakeClock()
+    with ReplayServer(["two_alive"]) as srv:
+        facts = rcf.gather(params(srv.url, token_file, wait_for_nodes=2, timeout=30),
+                           api_factory=failing(path, 3), sleep=clock.sleep, clock=clock)
+    assert facts["nodes_alive"] == 2 and len(clock.sleeps) == 3
+
+
+def test_wait_gives_up_on_a_dashboard_that_keeps_answering_500_and_says_so(token_file):
+    clock = FakeClock()
+    with ReplayServer(["two_alive"]) as srv:
+        with pytest.raises(rcf.RayFactsError) as err:
+            rcf.gather(params(srv.url, token_file, wait_for_nodes=2, timeout=5),
+                       api_factory=failing(rcf.PATH_NODES, 1000), sleep=clock.sleep, clock=clock)
+    message = str(err.value)
+    assert "/api/v0/nodes?detail=true answered HTTP 500: 500 Internal Server Error" in message, message
+    assert "the dashboard is up but failed the request" in message and "(waited 5 s)" in message, message
+
+
+def test_without_wait_a_500_fails_at_once(token_file):
+    clock = FakeClock()
+    with ReplayServer(["two_alive"]) as srv:
+        with pytest.raises(rcf.RayFactsError) as err:
+            rcf.gather(params(srv.url, token_file), api_factory=failing(rcf.PATH_NODES, 1), sleep=clock.sleep,
+                       clock=clock)
+    assert "answered HTTP 500" in str(err.value) and "waited" not in str(err.value) and clock.sleeps == []

@@ -60,7 +60,7 @@ def run(*args, cwd=None):
 def test_the_rules_pass_promtool_check_rules(rendered):
     rc, out = run("check", "rules", str(rendered / "raymetal-alerts.yml"))
     assert rc == 0, out
-    assert "SUCCESS: 16 rules found" in out, out
+    assert "SUCCESS: 19 rules found" in out, out
 
 
 def test_the_alerts_fire_as_the_rule_tests_say(rendered):
@@ -78,7 +78,7 @@ def test_the_rules_watch_the_mounts_that_hold_the_temp_dir(rendered):
 
 def test_the_targets_cover_every_ray_metrics_port_and_node_exporter_with_host_labels(rendered):
     jobs = json.loads((rendered / "jobs.json").read_text())
-    assert sorted(jobs) == ["gpu", "node", "ray_autoscaler", "ray_dashboard", "ray_node"]
+    assert sorted(jobs) == ["gpu", "node", "ray_autoscaler", "ray_dashboard", "ray_node", "s3_store"]
     flat = {job: [(e["labels"]["host"], e["targets"]) for e in entries] for job, entries in jobs.items()}
     assert flat["ray_node"] == [("head", ["10.0.0.10:6384"]), ("worker1", ["10.0.0.11:6384"]),
                                 ("worker2", ["10.0.0.12:6384"])]
@@ -90,6 +90,8 @@ def test_the_targets_cover_every_ray_metrics_port_and_node_exporter_with_host_la
     assert {e["labels"]["ray_role"] for e in jobs["ray_node"]} == {"head", "worker"}
     # dcgm-exporter only where the GPU detection found GPUs.
     assert flat["gpu"] == [("worker1", ["10.0.0.11:9400"])]
+    # The S3 store's metrics on its host alone (its metrics port; not its S3 API or its gRPC port).
+    assert flat["s3_store"] == [("worker2", ["10.0.0.12:8341"])]
 
 
 def test_the_configuration_with_its_target_files_passes_promtool_check_config(rendered):
@@ -110,7 +112,7 @@ def test_the_configuration_with_its_target_files_passes_promtool_check_config(re
     assert rc == 0, out
     assert "SUCCESS" in out and "1 rule files found" in out, out
     jobs = [c["job_name"] for c in yaml.safe_load(config)["scrape_configs"]]
-    assert jobs == ["gpu", "node", "ray_autoscaler", "ray_dashboard", "ray_node"]
+    assert jobs == ["gpu", "node", "ray_autoscaler", "ray_dashboard", "ray_node", "s3_store"]
 
 
 def test_both_daemons_listen_on_the_fabric_address_only(rendered):
@@ -170,8 +172,11 @@ def test_every_nodes_monitoring_ports_pass_the_firewalls_input_check_beside_rays
 
     inventory = yaml.safe_load((HERE / "inventory.yml").read_text())
     ray_ports = inventory["ray_cluster"]["vars"]["__ports"]
+    # The S3 store's host also lists the store's ports (firewall_ports in roles/wiring: all three lists).
+    storage = inventory["ray_cluster"]["children"]["ray_worker"]["hosts"]["worker2"]["shared_storage_ports"]
     for host, published in facts(rendered).items():
-        assert firewall_invalid_ports(ray_ports + published["monitoring_ports"]) == [], host
+        extra = storage if host == "worker2" else []
+        assert firewall_invalid_ports(ray_ports + published["monitoring_ports"] + extra) == [], host
 
 
 def facts(rendered):
