@@ -131,6 +131,31 @@ def inventory_copy(tmp_path: Path, host_vars: dict[str, dict] | None = None) -> 
     return inv
 
 
+def cluster_scenario_check_and_verify(lab: dict[str, dict]) -> None:
+    """The molecule cluster scenario's check and verify steps on this lab's converged cluster
+    (extensions/molecule/cluster): site.yml in check mode with every task (not the fast path) plans nothing and
+    restarts nothing, then the scenario's verify.yml passes on every node."""
+    head = next(name for name, host in lab.items() if host["group"] == "ray_head")
+    worker = next(name for name, host in lab.items() if host["group"] != "ray_head")
+    before = invocation_ids(lab)
+    rc, out, stats = run_playbook("site.yml", LAB_INVENTORY, "--check", "--diff",
+                                  "-e", json.dumps({"raymetal_fast_path": False}))
+    assert rc == 0, out[-4000:]
+    assert sorted(h for h in stats if h != "localhost") == sorted(lab), stats
+    assert all(s["changed"] == 0 and s["failed"] == 0 for s in stats.values()), stats
+    # The full path, not the fast one: Ray's files were compared on every node.
+    assert out.count("TASK [ray : Write Ray's directories, token, environment, unit") == 1 and stats[worker]["ok"] > 50
+    assert invocation_ids(lab) == before
+    nets = {"molecule_cluster_fabric_net": lab[head]["lab_fabric_ip"].rsplit(".", 1)[0],
+            "molecule_cluster_mgmt_net": lab[head]["ansible_host"].rsplit(".", 1)[0]}
+    rc, out, stats = run_playbook("extensions/molecule/cluster/verify.yml", LAB_INVENTORY, "-e", json.dumps(nets))
+    assert rc == 0, out[-4000:]
+    # Every play ran its checks on the hosts it names (three nodes, the head, a worker): none was skipped.
+    assert sorted(stats) == sorted(lab), stats
+    assert all(s["ok"] > 0 and s["failed"] == 0 for s in stats.values()), stats
+    assert "Check that Ray and NCCL came in one pip run" in out and "Check that the dashboard does not listen" in out
+
+
 def unit_of(lab: dict[str, dict], name: str) -> str:
     """The Ray unit of a lab node: ray-head on the head, ray-worker elsewhere."""
     return "ray-head" if lab[name]["group"] == "ray_head" else "ray-worker"

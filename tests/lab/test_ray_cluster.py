@@ -48,29 +48,12 @@ def counting_deploy(inventory, extravars=None, tasks=None):
 
 
 def test_the_cluster_scenario_s_verify_playbook_passes_on_the_session_deploy(cluster, lab):
-    """extensions/molecule/cluster/verify.yml against this lab's first deploy (a fresh converge, over SSH, with the
-    wheelhouse mirror): `make test` runs the molecule cluster scenario on Debian 13 only, and lab 1 (Debian 12)
-    proves its steps on the deploy it has anyway: the converge (the cluster fixture), the full-path idempotence
+    """extensions/molecule/cluster's steps on this lab's first deploy (a fresh converge, over SSH, with the
+    wheelhouse mirror), on Debian 12: the converge (the cluster fixture), the full-path idempotence
     (test_rerun_changes_nothing_and_keeps_nodes_and_jobs), and here the scenario's check (every task in check mode,
-    not the fast path, on the converged nodes: nothing to change) and its verify playbook."""
-    before = labkit.invocation_ids(lab)
-    rc, out, stats = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "--check", "--diff",
-                                         "-e", json.dumps({"raymetal_fast_path": False}))
-    assert rc == 0, out[-4000:]
-    assert sorted(h for h in stats if h != "localhost") == sorted(lab), stats
-    assert all(s["changed"] == 0 and s["failed"] == 0 for s in stats.values()), stats
-    # The full path, not the fast one: Ray's files were compared on every node.
-    assert out.count("TASK [ray : Write Ray's directories, token, environment, unit") == 1 and stats[labkit.WORKER1]["ok"] > 50
-    assert labkit.invocation_ids(lab) == before
-    nets = {"molecule_cluster_fabric_net": head_ip(lab).rsplit(".", 1)[0],
-            "molecule_cluster_mgmt_net": lab[HEAD]["ansible_host"].rsplit(".", 1)[0]}
-    rc, out, stats = labkit.run_playbook("extensions/molecule/cluster/verify.yml", labkit.LAB_INVENTORY,
-                                         "-e", json.dumps(nets))
-    assert rc == 0, out[-4000:]
-    # Every play ran its checks on the hosts it names (three nodes, the head, a worker): none was skipped.
-    assert sorted(stats) == sorted(lab), stats
-    assert all(s["ok"] > 0 and s["failed"] == 0 for s in stats.values()), stats
-    assert "Check that Ray and NCCL came in one pip run" in out and "Check that the dashboard does not listen" in out
+    not the fast path, on the converged nodes: nothing to change) and its verify playbook. Lab 2 runs the same on
+    Debian 13 (tests/lab/test_cluster_scenario.py)."""
+    labkit.cluster_scenario_check_and_verify(lab)
 
 
 def test_every_node_is_alive_on_its_ib0_address(cluster, lab):

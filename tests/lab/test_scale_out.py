@@ -23,6 +23,8 @@ E2E_LAB = 2
 
 HEAD = labkit.HEAD
 NEW = f"{labkit.LAB_PREFIX}-worker3"
+# ray_wheelhouse_dir (the ray role's default): where a node with ray_wheelhouse_fanout copy keeps its wheelhouse.
+WHEELHOUSE_DIR = "/var/cache/raymetal/wheelhouse"
 TOKEN_ENV = "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=/etc/ray/auth_token"
 
 
@@ -49,7 +51,7 @@ def job_status(lab, job_id: str) -> str:
         return out[:200]
 
 
-def test_scale_out_joins_a_new_worker_without_restarting_anyone_and_every_firewall_admits_it(cluster, lab):
+def test_scale_out_joins_a_new_worker_without_restarting_anyone_and_every_firewall_admits_it(cluster, lab, tmp_path):
     job_id = f"raymetal-scale-out-{uuid.uuid4().hex[:8]}"
     submitted = ray_job(lab, f"submit --address ADDRESS --no-wait --submission-id {job_id} "
                              "-- python -c 'import time; time.sleep(900)'")
@@ -61,9 +63,13 @@ def test_scale_out_joins_a_new_worker_without_restarting_anyone_and_every_firewa
         grown = lab_up(3)
         assert set(grown) == set(lab) | {NEW}, grown
         new_ip = grown[NEW]["lab_fabric_ip"]
+        # The new worker takes its own copy of the wheelhouse (ray_wheelhouse_fanout: copy, in its host_vars), the
+        # others keep the head's mirror: the copy's only lab proof since make test leaves the molecule cluster
+        # scenario (which deploys with it) to make molecule (tests/lab/test_cluster_scenario.py).
+        inventory = labkit.inventory_copy(tmp_path, {NEW: {"ray_wheelhouse_fanout": "copy"}})
 
         started = time.monotonic()
-        rc, out, stats = labkit.run_playbook("playbooks/scale-out.yml", labkit.LAB_INVENTORY)
+        rc, out, stats = labkit.run_playbook("playbooks/scale-out.yml", inventory)
         took = time.monotonic() - started
         assert rc == 0, out
         print(f"\nscale-out.yml: {NEW} joined in {took:.1f} s")
@@ -71,6 +77,11 @@ def test_scale_out_joins_a_new_worker_without_restarting_anyone_and_every_firewa
         # No existing node restarted, and the running job is still running.
         assert labkit.invocation_ids(lab) == units_before
         assert job_status(lab, job_id) == "RUNNING"
+        # Its Ray came from its own copy of the wheelhouse; an existing worker still has none (the mirror serves it).
+        copied = labkit.sh(NEW, f"ls {WHEELHOUSE_DIR}").stdout.split()
+        assert any(f.startswith("ray-2.60.0-") and f.endswith(".whl") for f in copied), copied
+        assert labkit.sh(labkit.WORKER1, f"test -e {WHEELHOUSE_DIR}", check=False).returncode == 1
+        assert "TASK [ray : Ship the wheelhouse to the node]" in out
         # Every firewall admits the new worker; the new worker's admits every node.
         for name in lab:
             rules = labkit.sh(name, "nft list table inet raymetal").stdout
@@ -78,7 +89,7 @@ def test_scale_out_joins_a_new_worker_without_restarting_anyone_and_every_firewa
         rules = labkit.sh(NEW, "nft list table inet raymetal").stdout
         assert all(h["lab_fabric_ip"] in rules for h in lab.values()), rules
         # A rerun of scale-out.yml is a no-op everywhere.
-        rc, again, stats = labkit.run_playbook("playbooks/scale-out.yml", labkit.LAB_INVENTORY)
+        rc, again, stats = labkit.run_playbook("playbooks/scale-out.yml", inventory)
         assert rc == 0, again
         changed = {host: counts["changed"] for host, counts in stats.items() if counts["changed"]}
         assert changed == {}, (changed, again)
