@@ -124,6 +124,7 @@ def render_unit(isolation, **overrides):
     values = {k: v for k, v in defaults.items() if "{{" not in str(v)}
     values.update(ansible_managed="Ansible managed", __ray_is_head=False, __ray_head_host="head",
                   hostvars={"head": {"ray_node_ip": "10.1.0.1"}}, __ray_wait_script="/w", __ray_start_script="/s",
+                  __ray_restart_record="/var/lib/ray/restarts.json",
                   __ray_venv="/opt/ray/venv-2.60.0", __ray_dashboard_host="10.1.0.1", __ray_num_gpus=8,
                   __ray_labels_path="/etc/ray/labels.yaml", __ray_isolation=isolation, __ray_gcs_store=False,
                   __ray_cgroup_path="/sys/fs/cgroup/system.slice/ray-worker.service", ray_node_ip="10.1.0.2",
@@ -160,6 +161,17 @@ def test_ray_default_reservations_are_not_passed():
     text = directives(render_unit(True))
     assert "--enable-resource-isolation \\" in text
     assert not [line for line in text if "--system-reserved" in line]
+
+
+def test_the_unit_records_its_stops_for_the_backoff_unless_it_is_off():
+    text = directives(render_unit(False))
+    assert text[text.index("[Service]"):].count("ExecStart=/s --backoff-max=60 --state=/var/lib/ray/restarts.json ib0 "
+                                                "10.1.0.2 /etc/ray/auth_token -- \\") == 1, text
+    assert "ExecStop=/s --stopping /var/lib/ray/restarts.json" in text
+    assert "ExecStopPost=/s --stopped /var/lib/ray/restarts.json" in text
+    off = directives(render_unit(False, ray_restart_backoff_max=0))
+    assert "ExecStart=/s ib0 10.1.0.2 /etc/ray/auth_token -- \\" in off
+    assert not [line for line in off if line.startswith(("ExecStop=", "ExecStopPost="))]
 
 
 def test_by_host_skips_hosts_without_a_plan():
