@@ -156,6 +156,19 @@ def cluster_scenario_check_and_verify(lab: dict[str, dict]) -> None:
     assert "Check that Ray and NCCL came in one pip run" in out and "Check that the dashboard does not listen" in out
 
 
+# ray-node-start's record of the stops Ray made by itself (the ray role's ray_restart_backoff_max).
+RESTART_RECORD = "/var/lib/ray/restarts.json"
+
+
+def restart_record(name: str) -> dict:
+    """A node's backoff record ({"stops": [unix times], "stopping": bool}); {} when there is none."""
+    return json.loads(sh(name, f"cat {RESTART_RECORD} 2>/dev/null || echo '{{}}'").stdout)
+
+
+def set_restart_record(name: str, record: dict) -> None:
+    sh(name, f"echo {shlex.quote(json.dumps(record))} > {RESTART_RECORD} && chown ray: {RESTART_RECORD}")
+
+
 def unit_of(lab: dict[str, dict], name: str) -> str:
     """The Ray unit of a lab node: ray-head on the head, ray-worker elsewhere."""
     return "ray-head" if lab[name]["group"] == "ray_head" else "ray-worker"

@@ -7,7 +7,6 @@ enabled, the firewall unit reloads the rules, and the worker waits for the head 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 
@@ -19,23 +18,12 @@ E2E_LAB = 1
 
 P = labkit.LAB_PREFIX
 HEAD = f"{P}-head"
-# ray-node-start's record of the stops Ray made by itself (the ray role's ray_restart_backoff_max).
-RESTARTS = "/var/lib/ray/restarts.json"
-
-
-def restart_record(name: str) -> dict:
-    out = labkit.sh(name, f"cat {RESTARTS} 2>/dev/null || echo '{{}}'").stdout
-    return json.loads(out)
 
 
 def test_a_rebooted_worker_rejoins_with_its_fabric_nic_and_firewall(cluster, lab):
     name = f"{P}-worker2"
     ip = lab[name]["lab_fabric_ip"]
     assert labkit.raylet_registered(lab, name)
-    # A stop by itself a minute ago in the backoff's record: the reboot stops Ray deliberately (systemd runs
-    # ExecStop while Ray still runs), which clears it; were the shutdown's stop counted as Ray's own, it would stay.
-    earlier = time.time() - 60
-    labkit.sh(name, f"echo '{json.dumps({'stops': [earlier], 'stopping': False})}' > {RESTARTS} && chown ray: {RESTARTS}")
     start = time.monotonic()
     subprocess.run(["docker", "restart", "-t", "30", name], check=True, capture_output=True)
     labkit.wait_until(lambda: labkit.sh(name, "ip -4 -o addr show ib0", check=False).stdout.count(ip) == 1, 60,
@@ -44,7 +32,6 @@ def test_a_rebooted_worker_rejoins_with_its_fabric_nic_and_firewall(cluster, lab
     labkit.wait_until(lambda: labkit.raylet_registered(lab, name), 240, interval=3, what=f"{name} alive again")
     print(f"\n{name}: container restart -> alive Ray node again in {time.monotonic() - start:.1f} s")
     assert labkit.sh(name, "systemctl is-active ray-worker").stdout.strip() == "active"
-    assert earlier not in restart_record(name).get("stops", []), restart_record(name)
     # No ordering cycle in what its boot starts: systemd breaks one by dropping a job, any one (a shared storage mount
     # unit ordered after the network once dropped the unit that names the lab's fabric NIC, and Ray never started).
     # The boot's own message is lost in a container (no /dev/kmsg before journald starts): systemd-analyze sees it.
@@ -91,7 +78,7 @@ def test_a_gcs_killed_with_sigkill_brings_the_whole_cluster_back(cluster, lab):
     assert "Remaining processes will be killed" in journal, journal[-3000:]
     assert "timed out" not in journal and "Failed with result" not in journal, journal[-3000:]
     # The backoff counted that stop as Ray's own (ExecStop saw no main process), and one such stop waits for nothing.
-    record = restart_record(HEAD)
+    record = labkit.restart_record(HEAD)
     assert record.get("stopping") is False and any(t >= killed - 1 for t in record.get("stops", [])), record
     assert "starting it again in" not in journal, journal[-3000:]
     # Each worker left the old cluster because that check found the new GCS (not a timeout, not a crash).
