@@ -19,8 +19,8 @@ import textwrap
 
 from tests.lab import labkit
 
-# On the second lab of `make e2e` (tools/e2e.sh): it installs the built collection into an empty project and reruns the deploy from it. Moved from lab 1, whose tests took 48.1 minutes
-# against lab 2's 40.9 in run34 (docs/testing.md), so that the two labs end together.
+# On the second lab of `make e2e` (tools/e2e.sh): it installs the built collection into an empty project and
+# reruns the deploy from it. Moved from lab 1, whose tests took 48.1 minutes against lab 2's 40.9 in run34.
 E2E_LAB = 2
 
 PLAYBOOK = """\
