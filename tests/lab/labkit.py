@@ -131,6 +131,23 @@ def inventory_copy(tmp_path: Path, host_vars: dict[str, dict] | None = None) -> 
     return inv
 
 
+def counting_deploy(inventory, extravars=None, tasks=None):
+    """raymetal.runner.deploy(); (facts, ['host: task' that changed]). tasks, a list, gets every 'host: task' that
+    ran (ok or failed)."""
+    from raymetal.runner import deploy
+
+    changed = []
+
+    def on_event(event):
+        if event.get("changed"):
+            changed.append(f"{event['host']}: {event['task']}")
+        if tasks is not None and event.get("status") in ("ok", "failed"):
+            tasks.append(f"{event['host']}: {event['task']}")
+
+    facts = deploy(str(inventory), extravars=extravars, on_event=on_event)
+    return facts, changed
+
+
 def cluster_scenario_check_and_verify(lab: dict[str, dict]) -> None:
     """The molecule cluster scenario's check and verify steps on this lab's converged cluster
     (extensions/molecule/cluster): site.yml in check mode with every task (not the fast path) plans nothing and

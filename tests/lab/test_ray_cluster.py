@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from raymetal.runner import deploy
 from tests.lab import labkit
+from tests.lab.labkit import counting_deploy
 
 HEAD = labkit.HEAD
 TOKEN_ENV = "set -a; . /etc/ray/ray.env; set +a"
@@ -32,20 +32,6 @@ def api(lab, path, *, token=True, on=HEAD):
     ).stdout
     code, _, body = out.partition("\n")
     return int(code), body
-
-
-def counting_deploy(inventory, extravars=None, tasks=None):
-    """deploy(); (facts, ['host: task' that changed]). tasks, a list, gets every 'host: task' that ran."""
-    changed = []
-
-    def on_event(event):
-        if event.get("changed"):
-            changed.append(f"{event['host']}: {event['task']}")
-        if tasks is not None and event.get("status") in ("ok", "failed"):
-            tasks.append(f"{event['host']}: {event['task']}")
-
-    facts = deploy(str(inventory), extravars=extravars, on_event=on_event)
-    return facts, changed
 
 
 def test_the_cluster_scenario_s_verify_playbook_passes_on_the_session_deploy(cluster, lab):
