@@ -8,6 +8,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -175,6 +176,29 @@ def cluster_scenario_check_and_verify(lab: dict[str, dict]) -> None:
 
 # ray-node-start's record of the stops Ray made by itself (the ray role's ray_restart_backoff_max).
 RESTART_RECORD = "/var/lib/ray/restarts.json"
+
+
+# The wheelhouse mirror's access log on the head (syslog tag raymetal_wheelhouse):
+# 'ADDRESS CONNECTION "GET /FILE HTTP/1.1" STATUS BYTES'.
+MIRROR_ACCESS = re.compile(r'^(?P<ip>\d+\.\d+\.\d+\.\d+) (?P<conn>\d+) "GET /(?P<file>\S*) HTTP/[\d.]+" '
+                           r'(?P<status>\d+) (?P<bytes>\d+)')
+
+
+def mirror_access_log(since: float | None = None) -> list[tuple[str, str, str, str, int]]:
+    """The mirror's answered GETs in order, since a time.time() if given: [(IP, connection, path, status, bytes)]."""
+    when = f" --since=@{int(since)}" if since is not None else ""
+    log = sh(HEAD, f"journalctl -t raymetal_wheelhouse -o cat --no-pager{when}").stdout
+    return [(m["ip"], m["conn"], "/" + m["file"], m["status"], int(m["bytes"]))
+            for m in (MIRROR_ACCESS.match(line.strip()) for line in log.splitlines()) if m]
+
+
+def mirror_pip_runs(ip: str, since: float | None = None) -> list[list[str]]:
+    """The wheels each pip run of one node fetched: one pip run reads them all over one keep-alive connection."""
+    runs: dict[str, list[str]] = {}
+    for who, conn, path, status, _ in mirror_access_log(since):
+        if who == ip and status == "200" and path.endswith(".whl"):
+            runs.setdefault(conn, []).append(path[1:])
+    return list(runs.values())
 
 
 def restart_record(name: str) -> dict:

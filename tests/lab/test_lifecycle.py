@@ -208,8 +208,11 @@ def test_teardown_leaves_the_nodes_as_before_the_first_deploy_and_a_redeploy_wor
 
     # Deploy again on the same hosts, whatever the teardown left, so that the
     # tests after this one find the cluster deployed; then judge both.
-    started = time.monotonic()
-    rc2, out2, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY)
+    # Every node's pip through the head's wheelhouse mirror (ray_venv_fanout off: no node unpacks the head's
+    # venv), as every node installed before ray_venv_fanout and as any node whose venv would differ from the
+    # head's still does: judged below from the mirror's log.
+    started, since = time.monotonic(), time.time()
+    rc2, out2, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", "ray_venv_fanout=false")
     print(f"\nredeploy after teardown: {time.monotonic() - started:.1f} s")
     assert rc == 0, out
     assert left == {name: [] for name in lab}
@@ -218,3 +221,17 @@ def test_teardown_leaves_the_nodes_as_before_the_first_deploy_and_a_redeploy_wor
     rc, out = rc2, out2
     assert rc == 0, out
     assert labkit.alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
+    wheels = labkit.sh(labkit.HEAD, "ls /var/cache/raymetal/wheelhouse").stdout.split()
+    for name in lab:
+        if name == labkit.HEAD:
+            continue
+        # Ray's wheel for this node's Python and NCCL's, in one pip run (one keep-alive connection), and no pack.
+        tag = labkit.sh(name, "python3 -c 'import sys; print(\"cp%d%d\" % sys.version_info[:2])'").stdout.strip()
+        ray_wheel = [w for w in wheels if re.match(rf"ray-2\.60\.0-{tag}-{tag}-.*\.whl$", w)]
+        nccl_wheel = [w for w in wheels if w.startswith("nvidia_nccl_cu12-")]
+        assert len(ray_wheel) == 1 and len(nccl_wheel) == 1, (name, tag, wheels)
+        runs = labkit.mirror_pip_runs(lab[name]["lab_fabric_ip"], since)
+        assert [run for run in runs if ray_wheel[0] in run and nccl_wheel[0] in run], (name, runs)
+        packs = [path for ip, _, path, _, _ in labkit.mirror_access_log(since)
+                 if ip == lab[name]["lab_fabric_ip"] and path.startswith("/venvs/")]
+        assert packs == [], (name, packs)
