@@ -31,9 +31,10 @@ def test_only_the_mirror_host_received_the_wheelhouse_and_every_other_node_unpac
     head_wheels = set(labkit.sh(HEAD, f"ls {WHEELHOUSE}").stdout.split())
     nccl_wheel = [w for w in head_wheels if w.startswith("nvidia_nccl_cu12-")]
     assert nccl_wheel, sorted(head_wheels)
-    # The head's pack of its venv of ray 2.60.0, the only one kept.
+    # The head's pack of the venv it last installed through the mirror, the only one kept: 2.60.0's after the
+    # session's deploy, 2.59.0's after test_upgrade.py's (which finds 2.60.0's venvs still there).
     packs = labkit.sh(HEAD, f"ls {PACKS}").stdout.split()
-    assert len(packs) == 1 and re.match(r"ray-2\.60\.0-[0-9a-f]{16}\.tar$", packs[0]), packs
+    assert len(packs) == 1 and re.match(r"ray-2\.(60|59)\.0-[0-9a-f]{16}\.tar(\.gz)?$", packs[0]), packs
     size = int(labkit.sh(HEAD, f"stat -c %s {PACKS}/{packs[0]}").stdout)
     log = labkit.mirror_access_log()
     workers = [name for name in lab if name != HEAD]
@@ -54,7 +55,7 @@ def test_only_the_mirror_host_received_the_wheelhouse_and_every_other_node_unpac
         record = "cat /opt/ray/venv-2.60.0/.raymetal-install.json"
         assert labkit.sh(name, record).stdout == labkit.sh(HEAD, record).stdout, name
         # Nothing of the unpack is left beside the venvs.
-        left = [e for e in labkit.sh(name, "ls -A /opt/ray").stdout.split() if e.endswith((".unpack", ".tar"))]
+        left = [e for e in labkit.sh(name, "ls -A /opt/ray").stdout.split() if e.endswith((".unpack", ".gz"))]
         assert left == [], (name, left)
     # The head installed from its own directory, not over HTTP.
     assert lab[HEAD]["lab_fabric_ip"] not in {ip for ip, *_ in log}, sorted({ip for ip, *_ in log})

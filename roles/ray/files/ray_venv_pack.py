@@ -5,14 +5,14 @@ Standard library and GNU tar only (run by the node's Python, ray_python, as `pyt
     ray_venv_pack.py pack VENV PACK_DIR NAME
     ray_venv_pack.py unpack URL SHA256 VENV
 
-pack: PACK_DIR/NAME becomes a tar of VENV's directory (top entry: VENV's base name), written under a temporary name
-and renamed, unless it exists and is newer than VENV's install record (.raymetal-install.json, written after each
-pip run). Every other *.tar in PACK_DIR goes (packs of another version or other inputs). Prints
-{"path", "sha256", "bytes", "changed"}.
+pack: PACK_DIR/NAME becomes a tar of VENV's directory (top entry: VENV's base name), gzip -1 compressed when NAME
+ends with .gz, written under a temporary name and renamed, unless it exists and is newer than VENV's install record
+(.raymetal-install.json, written after each pip run). Every other *.tar and *.tar.gz in PACK_DIR goes (packs of
+another version or other inputs). Prints {"path", "sha256", "bytes", "changed"}.
 
 unpack: fetches URL (the mirror's nginx; no proxy, whatever the environment says) into VENV.unpack/, requires its
 sha256 to be SHA256 (taken on the mirror host by `pack` and handed over by the controller, never read from the
-mirror), unpacks it there (files owned by the user who unpacks, root), checks that its one top entry is VENV's base
+mirror), unpacks it there (plain or gzip-compressed: GNU tar tells them apart) (files owned by the user who unpacks, root), checks that its one top entry is VENV's base
 name, then moves it into place (a VENV already there is moved aside first, then removed). VENV.unpack/ goes in every
 case. Prints {"changed": true, "bytes": N}.
 
@@ -51,7 +51,8 @@ def pack(venv, pack_dir, name):
     if changed:
         partial = os.path.join(pack_dir, "." + name + ".partial")
         try:
-            subprocess.run(["tar", "-C", os.path.dirname(venv), "-cf", partial, os.path.basename(venv)],
+            gzip = ["--use-compress-program=gzip -1"] if name.endswith(".gz") else []
+            subprocess.run(["tar", "-C", os.path.dirname(venv), *gzip, "-cf", partial, os.path.basename(venv)],
                            check=True, capture_output=True, text=True)
             os.chmod(partial, 0o644)
             os.replace(partial, path)
@@ -61,7 +62,7 @@ def pack(venv, pack_dir, name):
             if os.path.exists(partial):
                 os.unlink(partial)
     for entry in os.listdir(pack_dir):
-        if entry != name and entry.endswith(".tar"):
+        if entry != name and entry.endswith((".tar", ".tar.gz")):
             os.unlink(os.path.join(pack_dir, entry))
             changed = True
     return {"path": path, "sha256": sha256(path), "bytes": os.stat(path).st_size, "changed": changed}

@@ -81,6 +81,25 @@ def test_a_packed_venv_unpacks_file_for_file_at_the_same_path(tmp_path, mirror):
     assert sorted(p.name for p in dest.parent.iterdir()) == ["venv-2.60.0"]
 
 
+def test_a_pack_named_gz_is_compressed_and_unpacks_the_same(tmp_path, mirror):
+    served, url = mirror
+    src = venv(tmp_path / "mirror-host")
+    (src / "lib" / "big.py").write_text("x = 1\n" * 100_000)
+    plain = pack(src, served)
+    packed = pack(src, served, "ray-2.60.0-0123456789abcdef.tar.gz")
+    assert Path(packed["path"]).read_bytes()[:2] == b"\x1f\x8b"
+    assert packed["bytes"] < plain["bytes"] / 5
+    # The plain pack of the same venv went: one pack per venv.
+    assert sorted(p.name for p in (served / "venvs").iterdir()) == ["ray-2.60.0-0123456789abcdef.tar.gz"]
+    dest = tmp_path / "worker" / "venv-2.60.0"
+    dest.parent.mkdir()
+
+    proc = run("unpack", f"{url}/venvs/ray-2.60.0-0123456789abcdef.tar.gz", packed["sha256"], str(dest))
+
+    assert proc.returncode == 0, proc.stderr
+    assert (dest / "lib" / "big.py").read_text() == (src / "lib" / "big.py").read_text()
+
+
 def test_a_pack_is_made_again_only_after_the_venv_was_installed_again_and_other_packs_go(tmp_path, mirror):
     served, _ = mirror
     src = venv(tmp_path / "mirror-host")
@@ -131,9 +150,9 @@ def test_a_mirror_that_does_not_answer_leaves_nothing_and_says_which_url(tmp_pat
     dest = tmp_path / "worker" / "venv-2.60.0"
     dest.parent.mkdir()
 
-    proc = run("unpack", f"{url}/venvs/missing.tar", "0" * 64, str(dest))
+    proc = run("unpack", f"{url}/venvs/missing.tar.gz", "0" * 64, str(dest))
 
-    assert proc.returncode == 1 and f"could not fetch {url}/venvs/missing.tar" in proc.stderr
+    assert proc.returncode == 1 and f"could not fetch {url}/venvs/missing.tar.gz" in proc.stderr
     assert list(dest.parent.iterdir()) == []
 
 
@@ -157,7 +176,7 @@ def test_a_venv_without_an_install_record_is_not_packed(tmp_path):
     src = venv(tmp_path / "mirror-host")
     (src / ".raymetal-install.json").unlink()
 
-    proc = run("pack", str(src), str(tmp_path / "venvs"), "x.tar")
+    proc = run("pack", str(src), str(tmp_path / "venvs"), "x.tar.gz")
 
     assert proc.returncode == 1 and "no install record" in proc.stderr
-    assert not (tmp_path / "venvs" / "x.tar").exists()
+    assert not (tmp_path / "venvs" / "x.tar.gz").exists()
