@@ -383,6 +383,27 @@ def test_kind_s3_runs_a_store_that_every_ray_process_reaches_and_switched_off_it
         lines = refused.strip().splitlines()
         assert len(lines) == 2 and all(re.search(r"AWS Error (ACCESS_DENIED|SIGNATURE_DOES_NOT_MATCH)", line)
                                        for line in lines), refused
+        # Rotation, as for the token: the key deleted on the controller, the next run makes a new one, restarts the
+        # store with it and rewrites every node's key file. What was written before reads back with the new key; the
+        # old key is refused.
+        old_secret = secret
+        secret_file.unlink()
+        rc, out, _ = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e", s3)
+        assert rc == 0, out[-3000:]
+        secret = secret_file.read_text().strip()
+        assert len(secret) == 40 and secret != old_secret
+        assert old_secret not in out and secret not in out, "a key in the run's output"
+        for name in lab:
+            creds = labkit.sh(name, f"cat {S3_CREDENTIALS}").stdout
+            assert secret in creds and old_secret not in creds, name
+        rotated = ("set -a; . /etc/ray/ray.env; set +a; printf '[default]\\naws_access_key_id = raymetal\\n"
+                   f"aws_secret_access_key = {old_secret}\\n' > /tmp/old.ini; for f in {S3_CREDENTIALS} /tmp/old.ini; do "
+                   "AWS_SHARED_CREDENTIALS_FILE=$f timeout 60 /opt/ray/venv/bin/python -c \"import pyarrow.fs as pf; "
+                   f"f, p = pf.FileSystem.from_uri('s3://ray/labtest-{marker}'); print('READ', f.open_input_stream(p).read())\" "
+                   "2>&1 | tail -1; done; rm -f /tmp/old.ini")
+        lines = labkit.sh(WORKER1, rotated, user="ray", timeout=150).stdout.strip().splitlines()
+        assert len(lines) == 2 and lines[0] == f"READ b'{marker}'", lines
+        assert re.search(r"AWS Error (ACCESS_DENIED|SIGNATURE_DOES_NOT_MATCH)", lines[1]), lines
         # Ray Train checkpoints to the store; a worker node of the run dies (docker restart -t 0) and the run resumes
         # from its last checkpoint, read back from the store.
         name = "labtest-" + uuid.uuid4().hex[:8]

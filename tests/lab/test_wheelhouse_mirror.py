@@ -33,8 +33,13 @@ def test_only_the_mirror_host_received_the_wheelhouse_and_every_other_node_unpac
     assert nccl_wheel, sorted(head_wheels)
     # The head's pack of the venv it last installed through the mirror, the only one kept: 2.60.0's after the
     # session's deploy, 2.59.0's after test_upgrade.py's (which finds 2.60.0's venvs still there).
-    packs = labkit.sh(HEAD, f"ls {PACKS}").stdout.split()
-    assert len(packs) == 1 and re.match(r"ray-2\.(60|59)\.0-[0-9a-f]{16}\.tar(\.gz)?$", packs[0]), packs
+    files = labkit.sh(HEAD, f"ls {PACKS}").stdout.split()
+    packs = [name for name in files if not name.endswith(".sha256")]
+    assert len(packs) == 1 and re.match(r"ray-2\.(60|59)\.0-[0-9a-f]{16}\.tar(\.gz)?$", packs[0]), files
+    # Beside it, its sha256 as taken while it was written (what the controller hands the other nodes).
+    assert sorted(files) == sorted(packs + [packs[0] + ".sha256"]), files
+    digest = labkit.sh(HEAD, f"cat {PACKS}/{packs[0]}.sha256").stdout.split()
+    assert digest == labkit.sh(HEAD, f"sha256sum {PACKS}/{packs[0]}").stdout.split()[:1], digest
     size = int(labkit.sh(HEAD, f"stat -c %s {PACKS}/{packs[0]}").stdout)
     log = labkit.mirror_access_log()
     workers = [name for name in lab if name != HEAD]

@@ -7,8 +7,9 @@ Standard library and GNU tar only (run by the node's Python, ray_python, as `pyt
 
 pack: PACK_DIR/NAME becomes a tar of VENV's directory (top entry: VENV's base name), gzip -1 compressed when NAME
 ends with .gz, written under a temporary name and renamed, unless it exists and is newer than VENV's install record
-(.raymetal-install.json, written after each pip run). Every other *.tar and *.tar.gz in PACK_DIR goes (packs of
-another version or other inputs). Prints {"path", "sha256", "bytes", "changed"}.
+(.raymetal-install.json, written after each pip run); its sha256, taken as it is written, goes beside it
+(NAME.sha256). Every other pack in PACK_DIR goes (another version or other inputs). Prints {"path", "sha256",
+"bytes", "changed"}.
 
 unpack: fetches URL (the mirror's nginx; no proxy, whatever the environment says) into VENV.unpack/, requires its
 sha256 to be SHA256 (taken on the mirror host by `pack` and handed over by the controller, never read from the
@@ -25,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.request
 
 CHUNK = 1024 * 1024
@@ -32,12 +34,17 @@ RECORD = ".raymetal-install.json"
 TIMEOUT = 120
 
 
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK), b""):
+def copy_hashing(source, dest):
+    """Everything `source` reads, into the file `dest`: (its sha256, hex; its size), taken in the same pass."""
+    digest, size = hashlib.sha256(), 0
+    with open(dest, "wb") as out:
+        while True:
+            block = source.read(CHUNK)
+            if not block:
+                return digest.hexdigest(), size
             digest.update(block)
-    return digest.hexdigest()
+            out.write(block)
+            size += len(block)
 
 
 def pack(venv, pack_dir, name):
@@ -47,32 +54,45 @@ def pack(venv, pack_dir, name):
         raise RuntimeError(f"{venv} holds no install record ({RECORD}): not a venv that raymetal installed")
     os.makedirs(pack_dir, mode=0o755, exist_ok=True)
     path = os.path.join(pack_dir, name)
-    changed = not (os.path.isfile(path) and os.stat(path).st_mtime >= os.stat(record).st_mtime)
+    # The pack's sha256, taken while it was written, beside it.
+    digest_file = path + ".sha256"
+    changed = not all(os.path.isfile(p) and os.stat(p).st_mtime >= os.stat(record).st_mtime for p in (path, digest_file))
     if changed:
         partial = os.path.join(pack_dir, "." + name + ".partial")
+        gzip = ["--use-compress-program=gzip -1"] if name.endswith(".gz") else []
         try:
-            gzip = ["--use-compress-program=gzip -1"] if name.endswith(".gz") else []
-            subprocess.run(["tar", "-C", os.path.dirname(venv), *gzip, "-cf", partial, os.path.basename(venv)],
-                           check=True, capture_output=True, text=True)
-            os.chmod(partial, 0o644)
+            with tempfile.TemporaryFile() as errors:
+                tar = subprocess.Popen(["tar", "-C", os.path.dirname(venv), *gzip, "-cf", "-", os.path.basename(venv)],
+                                       stdout=subprocess.PIPE, stderr=errors)
+                with tar.stdout:
+                    digest, _ = copy_hashing(tar.stdout, partial)
+                if tar.wait() != 0:
+                    errors.seek(0)
+                    raise RuntimeError(f"tar could not pack {venv}: {errors.read().decode(errors='replace').strip()}")
+            with open(partial + ".sha256", "w") as out:
+                out.write(digest + "\n")
+            for made in (partial, partial + ".sha256"):
+                os.chmod(made, 0o644)
             os.replace(partial, path)
-        except subprocess.CalledProcessError as err:
-            raise RuntimeError(f"tar could not pack {venv}: {err.stderr.strip()}") from None
+            os.replace(partial + ".sha256", digest_file)
         finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
+            for made in (partial, partial + ".sha256"):
+                if os.path.exists(made):
+                    os.unlink(made)
     for entry in os.listdir(pack_dir):
-        if entry != name and entry.endswith((".tar", ".tar.gz")):
+        if entry not in (name, name + ".sha256") and entry.endswith((".tar", ".tar.gz", ".sha256")):
             os.unlink(os.path.join(pack_dir, entry))
             changed = True
-    return {"path": path, "sha256": sha256(path), "bytes": os.stat(path).st_size, "changed": changed}
+    with open(digest_file) as handle:
+        digest = handle.read().split()[0]
+    return {"path": path, "sha256": digest, "bytes": os.stat(path).st_size, "changed": changed}
 
 
 def fetch(url, dest):
-    """URL into dest, straight from the mirror: the environment's proxies are not for the fabric."""
+    """URL into dest, straight from the mirror (the environment's proxies are not for the fabric): its sha256."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(url, timeout=TIMEOUT) as answer, open(dest, "wb") as out:
-        shutil.copyfileobj(answer, out, CHUNK)
+    with opener.open(url, timeout=TIMEOUT) as answer:
+        return copy_hashing(answer, dest)[0]
 
 
 def unpack(url, want, venv):
@@ -84,10 +104,9 @@ def unpack(url, want, venv):
     try:
         tarball = os.path.join(work, "venv.tar")
         try:
-            fetch(url, tarball)
+            got = fetch(url, tarball)
         except OSError as err:
             raise RuntimeError(f"could not fetch {url}: {err}") from None
-        got = sha256(tarball)
         if got != want:
             raise RuntimeError(f"{url} has sha256 {got}, not {want} as the mirror host packed it: not unpacked")
         size = os.stat(tarball).st_size

@@ -90,7 +90,8 @@ def test_a_pack_named_gz_is_compressed_and_unpacks_the_same(tmp_path, mirror):
     assert Path(packed["path"]).read_bytes()[:2] == b"\x1f\x8b"
     assert packed["bytes"] < plain["bytes"] / 5
     # The plain pack of the same venv went: one pack per venv.
-    assert sorted(p.name for p in (served / "venvs").iterdir()) == ["ray-2.60.0-0123456789abcdef.tar.gz"]
+    assert sorted(p.name for p in (served / "venvs").iterdir()) == [
+        "ray-2.60.0-0123456789abcdef.tar.gz", "ray-2.60.0-0123456789abcdef.tar.gz.sha256"]
     dest = tmp_path / "worker" / "venv-2.60.0"
     dest.parent.mkdir()
 
@@ -106,8 +107,10 @@ def test_a_pack_is_made_again_only_after_the_venv_was_installed_again_and_other_
     old = served / "venvs" / "ray-2.59.0-ffffffffffffffff.tar"
     old.parent.mkdir(parents=True)
     old.write_bytes(b"an older version's pack")
+    (old.parent / (old.name + ".sha256")).write_text("0" * 64 + "\n")
     first = pack(src, served)
-    assert not old.exists()
+    assert sorted(p.name for p in old.parent.iterdir()) == [
+        "ray-2.60.0-0123456789abcdef.tar", "ray-2.60.0-0123456789abcdef.tar.sha256"]
     assert pack(src, served) == {**first, "changed": False}
     # pip ran again (the role writes the install record after it): packed again, with what pip left.
     (src / "lib" / "module.py").write_text("two")
