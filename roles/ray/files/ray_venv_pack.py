@@ -13,9 +13,9 @@ ends with .gz, written under a temporary name and renamed, unless it exists and 
 
 unpack: fetches URL (the mirror's nginx; no proxy, whatever the environment says) into VENV.unpack/, requires its
 sha256 to be SHA256 (taken on the mirror host by `pack` and handed over by the controller, never read from the
-mirror), unpacks it there (plain or gzip-compressed: GNU tar tells them apart) (files owned by the user who unpacks, root), checks that its one top entry is VENV's base
-name, then moves it into place (a VENV already there is moved aside first, then removed). VENV.unpack/ goes in every
-case. Prints {"changed": true, "bytes": N}.
+mirror), unpacks it there (plain or gzip-compressed: GNU tar tells them apart; files owned by the user who unpacks,
+root), checks that its one top entry is VENV's base name, then moves it into place (a VENV already there is moved
+aside first, then removed). VENV.unpack/ goes in every case. Prints {"changed": true, "bytes": N}.
 
 Exits 1 with one line on standard error for anything that went wrong; nothing half-made is left at VENV.
 """
@@ -56,7 +56,8 @@ def pack(venv, pack_dir, name):
     path = os.path.join(pack_dir, name)
     # The pack's sha256, taken while it was written, beside it.
     digest_file = path + ".sha256"
-    changed = not all(os.path.isfile(p) and os.stat(p).st_mtime >= os.stat(record).st_mtime for p in (path, digest_file))
+    made = os.stat(record).st_mtime
+    changed = not all(os.path.isfile(p) and os.stat(p).st_mtime >= made for p in (path, digest_file))
     if changed:
         partial = os.path.join(pack_dir, "." + name + ".partial")
         gzip = ["--use-compress-program=gzip -1"] if name.endswith(".gz") else []
