@@ -62,15 +62,14 @@ def pack(venv, pack_dir, name):
         partial = os.path.join(pack_dir, "." + name + ".partial")
         gzip = ["--use-compress-program=gzip -1"] if name.endswith(".gz") else []
         try:
-            with tempfile.TemporaryFile() as errors:
-                tar = subprocess.Popen(["tar", "-C", os.path.dirname(venv), *gzip, "-cf", "-", os.path.basename(venv)],
-                                       stdout=subprocess.PIPE, stderr=errors)
-                with tar.stdout:
-                    digest, _ = copy_hashing(tar.stdout, partial)
+            argv = ["tar", "-C", os.path.dirname(venv), *gzip, "-cf", "-", os.path.basename(venv)]
+            with tempfile.TemporaryFile() as errors, \
+                    subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors) as tar:
+                digest, _ = copy_hashing(tar.stdout, partial)
                 if tar.wait() != 0:
                     errors.seek(0)
                     raise RuntimeError(f"tar could not pack {venv}: {errors.read().decode(errors='replace').strip()}")
-            with open(partial + ".sha256", "w") as out:
+            with open(partial + ".sha256", "w", encoding="ascii") as out:
                 out.write(digest + "\n")
             for made in (partial, partial + ".sha256"):
                 os.chmod(made, 0o644)
@@ -84,7 +83,7 @@ def pack(venv, pack_dir, name):
         if entry not in (name, name + ".sha256") and entry.endswith((".tar", ".tar.gz", ".sha256")):
             os.unlink(os.path.join(pack_dir, entry))
             changed = True
-    with open(digest_file) as handle:
+    with open(digest_file, encoding="ascii") as handle:
         digest = handle.read().split()[0]
     return {"path": path, "sha256": digest, "bytes": os.stat(path).st_size, "changed": changed}
 
