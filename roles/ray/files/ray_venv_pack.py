@@ -65,7 +65,7 @@ def pack(venv, pack_dir, name):
             argv = ["tar", "-C", os.path.dirname(venv), *gzip, "-cf", "-", os.path.basename(venv)]
             with tempfile.TemporaryFile() as errors, \
                     subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors) as tar:
-                digest, _ = copy_hashing(tar.stdout, partial)
+                digest = copy_hashing(tar.stdout, partial)[0]
                 if tar.wait() != 0:
                     errors.seek(0)
                     raise RuntimeError(f"tar could not pack {venv}: {errors.read().decode(errors='replace').strip()}")
