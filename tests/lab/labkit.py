@@ -192,10 +192,11 @@ def mirror_access_log(since: float | None = None) -> list[tuple[str, str, str, s
             for m in (MIRROR_ACCESS.match(line.strip()) for line in log.splitlines()) if m]
 
 
-def mirror_pip_runs(ip: str, since: float | None = None) -> list[list[str]]:
-    """The wheels each pip run of one node fetched: one pip run reads them all over one keep-alive connection."""
+def mirror_pip_runs(ip: str, log: list[tuple[str, str, str, str, int]]) -> list[list[str]]:
+    """The wheels each pip run of one node fetched, from mirror_access_log()'s answer: one pip run reads them all
+    over one keep-alive connection."""
     runs: dict[str, list[str]] = {}
-    for who, conn, path, status, _ in mirror_access_log(since):
+    for who, conn, path, status, _ in log:
         if who == ip and status == "200" and path.endswith(".whl"):
             runs.setdefault(conn, []).append(path[1:])
     return list(runs.values())

@@ -222,6 +222,7 @@ def test_teardown_leaves_the_nodes_as_before_the_first_deploy_and_a_redeploy_wor
     assert rc == 0, out
     assert labkit.alive_ips(lab) == {h["lab_fabric_ip"] for h in lab.values()}
     wheels = labkit.sh(labkit.HEAD, "ls /var/cache/raymetal/wheelhouse").stdout.split()
+    log = labkit.mirror_access_log(since)
     for name in lab:
         if name == labkit.HEAD:
             continue
@@ -230,8 +231,7 @@ def test_teardown_leaves_the_nodes_as_before_the_first_deploy_and_a_redeploy_wor
         ray_wheel = [w for w in wheels if re.match(rf"ray-2\.60\.0-{tag}-{tag}-.*\.whl$", w)]
         nccl_wheel = [w for w in wheels if w.startswith("nvidia_nccl_cu12-")]
         assert len(ray_wheel) == 1 and len(nccl_wheel) == 1, (name, tag, wheels)
-        runs = labkit.mirror_pip_runs(lab[name]["lab_fabric_ip"], since)
+        runs = labkit.mirror_pip_runs(lab[name]["lab_fabric_ip"], log)
         assert [run for run in runs if ray_wheel[0] in run and nccl_wheel[0] in run], (name, runs)
-        packs = [path for ip, _, path, _, _ in labkit.mirror_access_log(since)
-                 if ip == lab[name]["lab_fabric_ip"] and path.startswith("/venvs/")]
+        packs = [path for ip, _, path, _, _ in log if ip == lab[name]["lab_fabric_ip"] and path.startswith("/venvs/")]
         assert packs == [], (name, packs)

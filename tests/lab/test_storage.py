@@ -292,6 +292,22 @@ S3_CREDENTIALS = "/etc/ray/storage-s3-credentials"
 S3_DATA = "/var/lib/raymetal-s3"
 
 
+# s3_reads: the credentials file that holds the key it is given.
+OTHER_KEY_FILE = "/tmp/other-key.ini"
+
+
+def s3_reads(node, marker, other_key, credentials_files):
+    """As user ray on ``node``, with Ray's environment: the object labtest-MARKER read through pyarrow once with each
+    of ``credentials_files`` as AWS_SHARED_CREDENTIALS_FILE (OTHER_KEY_FILE holds ``other_key``); the last line of
+    each read, in order (READ and the bytes, or the error)."""
+    script = ("set -a; . /etc/ray/ray.env; set +a; printf '[default]\\naws_access_key_id = raymetal\\n"
+              f"aws_secret_access_key = {other_key}\\n' > {OTHER_KEY_FILE}; for f in {' '.join(credentials_files)}; do "
+              "AWS_SHARED_CREDENTIALS_FILE=$f timeout 60 /opt/ray/venv/bin/python -c \"import pyarrow.fs as pf; "
+              f"f, p = pf.FileSystem.from_uri('s3://ray/labtest-{marker}'); print('READ', f.open_input_stream(p).read())\" "
+              f"2>&1 | tail -1; done; rm -f {OTHER_KEY_FILE}")
+    return labkit.sh(node, script, user="ray", timeout=150).stdout
+
+
 def test_kind_s3_runs_a_store_that_every_ray_process_reaches_and_switched_off_it_stops(cluster, lab, health_faults):
     secret_file = labkit.LAB_INVENTORY / "credentials" / "s3_secret_key"
     s3 = json.dumps({"raymetal_shared_storage": {"kind": "s3", "size_gb": 10}})
@@ -374,12 +390,7 @@ def test_kind_s3_runs_a_store_that_every_ray_process_reaches_and_switched_off_it
             labkit.sh(HEAD, f"systemctl start {S3_UNIT}")
         labkit.wait_until(lambda: f"{head_ip}:8333" in labkit.sh(HEAD, "ss -ltnH").stdout, 60, 2, "the S3 port again")
         # Without the key, or with another, the store refuses (it is not open to whoever reaches its port).
-        probe = ("set -a; . /etc/ray/ray.env; set +a; printf '[default]\\naws_access_key_id = raymetal\\n"
-                 "aws_secret_access_key = not-the-key\\n' > /tmp/bad.ini; for f in /tmp/bad.ini /nonexistent; do "
-                 "AWS_SHARED_CREDENTIALS_FILE=$f timeout 60 /opt/ray/venv/bin/python -c \"import pyarrow.fs as pf; "
-                 f"f, p = pf.FileSystem.from_uri('s3://ray/labtest-{marker}'); print('READ', f.open_input_stream(p).read())\" "
-                 "2>&1 | tail -1; done; rm -f /tmp/bad.ini")
-        refused = labkit.sh(WORKER2, probe, user="ray", timeout=150).stdout
+        refused = s3_reads(WORKER2, marker, "not-the-key", [OTHER_KEY_FILE, "/nonexistent"])
         lines = refused.strip().splitlines()
         assert len(lines) == 2 and all(re.search(r"AWS Error (ACCESS_DENIED|SIGNATURE_DOES_NOT_MATCH)", line)
                                        for line in lines), refused
@@ -396,12 +407,7 @@ def test_kind_s3_runs_a_store_that_every_ray_process_reaches_and_switched_off_it
         for name in lab:
             creds = labkit.sh(name, f"cat {S3_CREDENTIALS}").stdout
             assert secret in creds and old_secret not in creds, name
-        rotated = ("set -a; . /etc/ray/ray.env; set +a; printf '[default]\\naws_access_key_id = raymetal\\n"
-                   f"aws_secret_access_key = {old_secret}\\n' > /tmp/old.ini; for f in {S3_CREDENTIALS} /tmp/old.ini; do "
-                   "AWS_SHARED_CREDENTIALS_FILE=$f timeout 60 /opt/ray/venv/bin/python -c \"import pyarrow.fs as pf; "
-                   f"f, p = pf.FileSystem.from_uri('s3://ray/labtest-{marker}'); print('READ', f.open_input_stream(p).read())\" "
-                   "2>&1 | tail -1; done; rm -f /tmp/old.ini")
-        lines = labkit.sh(WORKER1, rotated, user="ray", timeout=150).stdout.strip().splitlines()
+        lines = s3_reads(WORKER1, marker, old_secret, [S3_CREDENTIALS, OTHER_KEY_FILE]).strip().splitlines()
         assert len(lines) == 2 and lines[0] == f"READ b'{marker}'", lines
         assert re.search(r"AWS Error (ACCESS_DENIED|SIGNATURE_DOES_NOT_MATCH)", lines[1]), lines
         # Ray Train checkpoints to the store; a worker node of the run dies (docker restart -t 0) and the run resumes

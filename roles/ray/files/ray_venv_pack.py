@@ -56,8 +56,8 @@ def pack(venv, pack_dir, name):
     path = os.path.join(pack_dir, name)
     # The pack's sha256, taken while it was written, beside it.
     digest_file = path + ".sha256"
-    made = os.stat(record).st_mtime
-    changed = not all(os.path.isfile(p) and os.stat(p).st_mtime >= made for p in (path, digest_file))
+    installed = os.stat(record).st_mtime
+    changed = not all(os.path.isfile(p) and os.stat(p).st_mtime >= installed for p in (path, digest_file))
     if changed:
         partial = os.path.join(pack_dir, "." + name + ".partial")
         gzip = ["--use-compress-program=gzip -1"] if name.endswith(".gz") else []
@@ -89,10 +89,10 @@ def pack(venv, pack_dir, name):
 
 
 def fetch(url, dest):
-    """URL into dest, straight from the mirror (the environment's proxies are not for the fabric): its sha256."""
+    """URL into dest, straight from the mirror (the environment's proxies are not for the fabric): (sha256, size)."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url, timeout=TIMEOUT) as answer:
-        return copy_hashing(answer, dest)[0]
+        return copy_hashing(answer, dest)
 
 
 def unpack(url, want, venv):
@@ -104,12 +104,11 @@ def unpack(url, want, venv):
     try:
         tarball = os.path.join(work, "venv.tar")
         try:
-            got = fetch(url, tarball)
+            got, size = fetch(url, tarball)
         except OSError as err:
             raise RuntimeError(f"could not fetch {url}: {err}") from None
         if got != want:
             raise RuntimeError(f"{url} has sha256 {got}, not {want} as the mirror host packed it: not unpacked")
-        size = os.stat(tarball).st_size
         tree = os.path.join(work, "tree")
         os.mkdir(tree)
         proc = subprocess.run(["tar", "-C", tree, "--no-same-owner", "-xf", tarball],
