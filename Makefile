@@ -118,6 +118,7 @@ MACHINE_CPU = echo "$$(awk '/^cpu /{ print $$2 + $$3 + $$4 + $$7 + $$8 + $$9 }' 
 # timeouts; on a loaded machine the labs take the CPU first and lose no minute.
 test: ## Everything CI runs: lab prep, then molecule (every scenario but cluster, whose steps the labs run) beside the lab end-to-end tests, with lint and unit beside them; a table of phases and the slowest tests at the end
 	@rm -rf artifacts; mkdir -p artifacts; rc=0; $(MACHINE_CPU) > artifacts/cpu.start; \
+	tools/cpu_timeline.sh artifacts/cpu-timeline.tsv >/dev/null 2>&1 & tlp=$$!; \
 	tools/timed.sh "setup: OS packages, venv" $(MAKE) --no-print-directory deps venv || rc=$$?; \
 	if [ $$rc -eq 0 ]; then \
 	  echo "=== lint and unit run beside the lab's preparation and the lab tests at nice 19 (artifacts/lint.log, artifacts/unit.log)"; \
@@ -132,7 +133,7 @@ test: ## Everything CI runs: lab prep, then molecule (every scenario but cluster
 	    [ "$$(cat artifacts/$$step.rc 2>/dev/null)" = 0 ] || { echo "=== $$step FAILED"; rc=1; }; done; \
 	fi; \
 	$(MAKE) --no-print-directory lab-down || true; \
-	$(MACHINE_CPU) > artifacts/cpu.end; \
+	$(MACHINE_CPU) > artifacts/cpu.end; kill $$tlp 2>/dev/null; wait $$tlp 2>/dev/null; \
 	$(BIN)/python tools/suite_report.py artifacts 2>/dev/null || python3 tools/suite_report.py artifacts || true; \
 	exit $$rc
 

@@ -20,6 +20,10 @@ each lab's number of runs and the ten runs that cost the most CPU.
 Then where the whole machine's busy CPU (cpu.start and cpu.end: /proc/stat's jiffies) went: lint, unit and the
 setup, molecule's Ansible, each lab's playbook runs, its nodes outside them (Ray running between runs, the
 tests' jobs and faults) and its tests' other commands, and the rest, which none of these files counts.
+ARTIFACTS_DIR/cpu-timeline.tsv (tools/cpu_timeline.sh: the machine's busy jiffies and every container's CPU, sampled
+every 15 s) gives, per 5 minutes, the cores each lab's containers used, the other containers (molecule's nodes) and
+everything outside containers (ansible, pytest, lint, unit, molecule's controller, Docker): where the machine was
+full and where it waited.
 Prints nothing about a file that is not there; never fails the build.
 """
 
@@ -138,6 +142,44 @@ def breakdown(phase_rows: list[tuple], busy: float, spent: list[tuple], runs: li
     return rows
 
 
+def timeline(path: Path, bucket: int = 300) -> tuple[list[str], list[tuple[float, dict[str, float]]]]:
+    """(columns, [(minute, {column: cores})]) per `bucket` seconds from cpu-timeline.tsv: 'machine', each lab's
+    containers by their label, 'molecule' (containers with no lab label) and 'outside' (machine less containers)."""
+    if not path.exists():
+        return [], []
+    samples: dict[int, dict[str, tuple[str, float]]] = {}
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        try:
+            if len(parts) == 3 and parts[1] == "machine":
+                samples.setdefault(int(parts[0]), {})["machine"] = ("machine", float(parts[2]) / 100)
+            elif len(parts) == 4:
+                samples.setdefault(int(parts[0]), {})[parts[1]] = (parts[2], float(parts[3]) / 1e9)
+        except ValueError:
+            continue
+    times = sorted(samples)
+    if len(times) < 2:
+        return [], []
+    start, spent = times[0], {}
+    for before, after in zip(times, times[1:]):
+        row = spent.setdefault((before - start) // bucket, {})
+        for key, (label, value) in samples[after].items():
+            if key in samples[before]:
+                column = "machine" if key == "machine" else ("molecule" if label == "-" else label)
+                row[column] = row.get(column, 0.0) + max(0.0, value - samples[before][key][1])
+    labs = sorted({column for row in spent.values() for column in row} - {"machine", "molecule"})
+    columns = ["machine", *labs, "molecule", "outside"]
+    result = []
+    for index in sorted(spent):
+        row = spent[index]
+        seconds = min(bucket, times[-1] - start - index * bucket)
+        if seconds <= 0:
+            continue
+        row["outside"] = row.get("machine", 0.0) - sum(value for column, value in row.items() if column != "machine")
+        result.append((index * bucket / 60, {column: row.get(column, 0.0) / seconds for column in columns}))
+    return columns, result
+
+
 def per_lab(rows: list[tuple], lab_at: int) -> list[tuple[str, list[tuple]]]:
     """The rows grouped by their lab (the field at lab_at), labs in order."""
     return [(lab, [row for row in rows if row[lab_at] == lab]) for lab in sorted({row[lab_at] for row in rows})]
@@ -161,6 +203,12 @@ def main(argv: list[str]) -> int:
         busy, seconds = machine
         print(f"=== the whole machine: {busy:.0f} CPU-seconds busy in {seconds / 60:.1f} minutes, "
               f"{busy / seconds:.2f} cores on average")
+    columns, spans = timeline(directory / "cpu-timeline.tsv")
+    if spans:
+        print("=== cores used, per 5 minutes (outside: not in a container: ansible, pytest, lint, unit, Docker)")
+        print("  minute " + " ".join(f"{column:>9}" for column in columns))
+        for minute, used in spans:
+            print(f"  {minute:6.0f} " + " ".join(f"{used[column]:9.2f}" for column in columns))
     spent, runs = costs(directory), playbook_runs(directory)
     if machine:
         print("=== where the machine's CPU went")
