@@ -114,16 +114,17 @@ e2e: deps venv lab-prep ## End-to-end tests against the lab (E2E_LABS labs side 
 # report's "cores on average": the suite is CPU-bound when that is near the number of cores.
 MACHINE_CPU = echo "$$(awk '/^cpu /{ print $$2 + $$3 + $$4 + $$7 + $$8 + $$9 }' /proc/stat) $$(date +%s)"
 
-# Lint and the unit tests run at nice 19: they wait on nothing, while the labs start Ray within its
+# Lint and the unit tests run behind everything else (tools/background.sh: a CPU cgroup of low weight, and nice 19):
+# they wait on nothing, while the labs start Ray within its
 # timeouts; on a loaded machine the labs take the CPU first and lose no minute.
 test: ## Everything CI runs: lab prep, then molecule (every scenario but cluster, whose steps the labs run) beside the lab end-to-end tests, with lint and unit beside them; a table of phases and the slowest tests at the end
 	@rm -rf artifacts; mkdir -p artifacts; rc=0; $(MACHINE_CPU) > artifacts/cpu.start; \
 	tools/cpu_timeline.sh artifacts/cpu-timeline.tsv >/dev/null 2>&1 & tlp=$$!; \
 	tools/timed.sh "setup: OS packages, venv" $(MAKE) --no-print-directory deps venv || rc=$$?; \
 	if [ $$rc -eq 0 ]; then \
-	  echo "=== lint and unit run beside the lab's preparation and the lab tests at nice 19 (artifacts/lint.log, artifacts/unit.log)"; \
-	  ( nice -n 19 tools/timed.sh lint $(MAKE) --no-print-directory lint > artifacts/lint.log 2>&1; echo $$? > artifacts/lint.rc ) & lintp=$$!; \
-	  ( nice -n 19 tools/timed.sh unit $(MAKE) --no-print-directory unit > artifacts/unit.log 2>&1; echo $$? > artifacts/unit.rc ) & unitp=$$!; \
+	  echo "=== lint and unit run beside the lab's preparation and the lab tests, behind them (tools/background.sh; artifacts/lint.log, artifacts/unit.log)"; \
+	  ( tools/background.sh tools/timed.sh lint $(MAKE) --no-print-directory lint > artifacts/lint.log 2>&1; echo $$? > artifacts/lint.rc ) & lintp=$$!; \
+	  ( tools/background.sh tools/timed.sh unit $(MAKE) --no-print-directory unit > artifacts/unit.log 2>&1; echo $$? > artifacts/unit.rc ) & unitp=$$!; \
 	  echo "=== the lab's image, wheelhouse and package mirror (artifacts/lab-prep.log)"; \
 	  tools/timed.sh "lab prep: images, wheelhouses, mirrors" $(MAKE) --no-print-directory lab-prep > artifacts/lab-prep.log 2>&1 || rc=1; \
 	  cat artifacts/lab-prep.log; \

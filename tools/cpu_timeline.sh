@@ -5,6 +5,8 @@
 #
 # Each sample appends to OUT one line for the whole machine
 #   <epoch> machine <busy jiffies: user, nice, system, irq, softirq, steal>
+# one for what tools/background.sh runs, where its cgroup is there
+#   <epoch> background <its cgroup's CPU, nanoseconds>
 # and one line per running container
 #   <epoch> <container ID> <its io.raymetal.lab label, or - (molecule's)> <its cgroup's CPU, nanoseconds>
 # The report takes the differences between samples: the cores each lab's containers, the other containers
@@ -25,6 +27,12 @@ while :; do
   now=$(date +%s)
   {
     echo "$now machine $(awk '/^cpu /{ print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat)"
+    # What tools/background.sh runs (lint, unit), in nanoseconds.
+    if [[ -r /sys/fs/cgroup/cpuacct/raymetal-background/cpuacct.usage ]]; then
+      echo "$now background $(cat /sys/fs/cgroup/cpuacct/raymetal-background/cpuacct.usage)"
+    elif [[ -r /sys/fs/cgroup/raymetal-background/cpu.stat ]]; then
+      echo "$now background $(awk '$1 == "usage_usec" { print $2 * 1000 }' /sys/fs/cgroup/raymetal-background/cpu.stat)"
+    fi
     docker ps --no-trunc --format '{{.ID}} {{.Label "io.raymetal.lab"}}' 2>/dev/null | while read -r id lab; do
       ns=$(usage "$id")
       [[ -z $ns ]] || echo "$now $id ${lab:--} $ns"

@@ -21,9 +21,9 @@ Then where the whole machine's busy CPU (cpu.start and cpu.end: /proc/stat's jif
 setup, molecule's Ansible, each lab's playbook runs, its nodes outside them (Ray running between runs, the
 tests' jobs and faults) and its tests' other commands, and the rest, which none of these files counts.
 ARTIFACTS_DIR/cpu-timeline.tsv (tools/cpu_timeline.sh: the machine's busy jiffies and every container's CPU, sampled
-every 15 s) gives, per 5 minutes, the cores each lab's containers used, the other containers (molecule's nodes) and
-everything outside containers (ansible, pytest, lint, unit, molecule's controller, Docker): where the machine was
-full and where it waited.
+every 15 s) gives, per 5 minutes, the cores each lab's containers used, the other containers (molecule's nodes), lint
+and unit (tools/background.sh's cgroup) and everything else (ansible, pytest, molecule's controller, Docker): where
+the machine was full and where it waited.
 Prints nothing about a file that is not there; never fails the build.
 """
 
@@ -144,7 +144,8 @@ def breakdown(phase_rows: list[tuple], busy: float, spent: list[tuple], runs: li
 
 def timeline(path: Path, bucket: int = 300) -> tuple[list[str], list[tuple[float, dict[str, float]]]]:
     """(columns, [(minute, {column: cores})]) per `bucket` seconds from cpu-timeline.tsv: 'machine', each lab's
-    containers by their label, 'molecule' (containers with no lab label) and 'outside' (machine less containers)."""
+    containers by their label, 'molecule' (containers with no lab label), 'background' (tools/background.sh's cgroup:
+    lint and unit) where sampled, and 'outside' (the machine less all of these)."""
     if not path.exists():
         return [], []
     samples: dict[int, dict[str, tuple[str, float]]] = {}
@@ -153,6 +154,8 @@ def timeline(path: Path, bucket: int = 300) -> tuple[list[str], list[tuple[float
         try:
             if len(parts) == 3 and parts[1] == "machine":
                 samples.setdefault(int(parts[0]), {})["machine"] = ("machine", float(parts[2]) / 100)
+            elif len(parts) == 3 and parts[1] == "background":
+                samples.setdefault(int(parts[0]), {})["background"] = ("background", float(parts[2]) / 1e9)
             elif len(parts) == 4:
                 samples.setdefault(int(parts[0]), {})[parts[1]] = (parts[2], float(parts[3]) / 1e9)
         except ValueError:
@@ -165,10 +168,11 @@ def timeline(path: Path, bucket: int = 300) -> tuple[list[str], list[tuple[float
         row = spent.setdefault((before - start) // bucket, {})
         for key, (label, value) in samples[after].items():
             if key in samples[before]:
-                column = "machine" if key == "machine" else ("molecule" if label == "-" else label)
+                column = key if key in ("machine", "background") else ("molecule" if label == "-" else label)
                 row[column] = row.get(column, 0.0) + max(0.0, value - samples[before][key][1])
-    labs = sorted({column for row in spent.values() for column in row} - {"machine", "molecule"})
-    columns = ["machine", *labs, "molecule", "outside"]
+    seen = {column for row in spent.values() for column in row}
+    labs = sorted(seen - {"machine", "molecule", "background"})
+    columns = ["machine", *labs, "molecule", *(["background"] if "background" in seen else []), "outside"]
     result = []
     for index in sorted(spent):
         row = spent[index]
@@ -205,7 +209,8 @@ def main(argv: list[str]) -> int:
               f"{busy / seconds:.2f} cores on average")
     columns, spans = timeline(directory / "cpu-timeline.tsv")
     if spans:
-        print("=== cores used, per 5 minutes (outside: not in a container: ansible, pytest, lint, unit, Docker)")
+        print("=== cores used, per 5 minutes (background: lint and unit; outside: the rest outside containers: "
+              "ansible, pytest, molecule's controller, Docker)")
         print("  minute " + " ".join(f"{column:>9}" for column in columns))
         for minute, used in spans:
             print(f"  {minute:6.0f} " + " ".join(f"{used[column]:9.2f}" for column in columns))

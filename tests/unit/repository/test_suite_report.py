@@ -82,11 +82,12 @@ def test_the_machine_s_cpu_is_split_between_the_phases_the_labs_and_the_rest(tmp
 
 def test_the_timeline_gives_each_lab_molecule_and_the_rest_their_cores_per_five_minutes(tmp_path):
     # Every 150 s: the machine 300 CPU-s busy (2 cores); lab raymetal's container 150 CPU-s (1 core), molecule's
-    # container 30 (0.2). A container that appears later counts from its second sample; one that is gone, no more.
+    # container 30 (0.2), lint and unit 15 (0.1). A container that appears later counts from its second sample; one that is gone, no more.
     lines = []
     for step in range(5):
         t = 1000 + 150 * step
         lines.append(f"{t} machine {30000 * step}")
+        lines.append(f"{t} background {15 * step * 10**9}")
         lines.append(f"{t} aaaa raymetal {150 * step * 10**9}")
         if step < 3:
             lines.append(f"{t} bbbb - {30 * step * 10**9}")
@@ -96,7 +97,8 @@ def test_the_timeline_gives_each_lab_molecule_and_the_rest_their_cores_per_five_
     out = report(tmp_path)
     rows = [line.split() for line in out.splitlines() if line.startswith("  ") and line.split()[0].isdigit()]
     header = next(line.split() for line in out.splitlines() if line.strip().startswith("minute"))
-    assert header == ["minute", "machine", "raymetal", "raymetal-lab2", "molecule", "outside"], out
+    assert header == ["minute", "machine", "raymetal", "raymetal-lab2", "molecule", "background", "outside"], out
     # Minutes 0-5: two intervals, molecule's container in both; minutes 5-10: two, lab 2's in the second only.
-    assert rows[0] == ["0", "2.00", "1.00", "0.00", "0.20", "0.80"], out
-    assert rows[1] == ["5", "2.00", "1.00", "0.25", "0.00", "0.75"], out
+    # Lint and unit (background) 0.1 core throughout.
+    assert rows[0] == ["0", "2.00", "1.00", "0.00", "0.20", "0.10", "0.70"], out
+    assert rows[1] == ["5", "2.00", "1.00", "0.25", "0.00", "0.10", "0.65"], out
