@@ -61,6 +61,14 @@ def cluster(lab):
     return facts
 
 
+@pytest.fixture(scope="session")
+def full_rerun(cluster, lab):
+    """site.yml again with every task while a job runs, once per session (labkit.full_rerun): the rerun that
+    test_ray_cluster.py reads for Ray's nodes, units and the job, and test_monitoring.py for Prometheus and
+    node_exporter. One full-path run on three nodes costs about 40 CPU-seconds; both proofs read the same one."""
+    return labkit.full_rerun(lab)
+
+
 # --- No false quarantine (issue 36) ---------------------------------------------------------------------------------
 # The lab's inventory runs the node health loop on every node for the whole session (health_enabled in
 # inventory/lab/group_vars). A test that makes faults the loop should see asks for health_faults, which notes when it

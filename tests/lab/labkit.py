@@ -149,6 +149,77 @@ def counting_deploy(inventory, extravars=None, tasks=None):
     return facts, changed
 
 
+class FullRerun(NamedTuple):
+    """One site.yml run with every task (raymetal_fast_path false) on a deployed cluster with a job running, and what
+    was read on the nodes just before and after it (see full_rerun)."""
+    rc: int
+    output: str
+    stats: dict
+    ran: list          # 'host: task' of every task result, ok or failed (as counting_deploy's tasks)
+    changed: list      # 'host: task' of every changed result
+    facts: dict        # the ray_cluster stats it published (raymetal.runner.deploy's answer)
+    job_id: str
+    job_before: str
+    job_after: str
+    nodes_before: dict
+    nodes_after: dict
+    units_before: dict
+    units_after: dict
+    pids_before: dict  # MainPID of prometheus (the head) and of each node's node_exporter
+    pids_after: dict
+
+
+def _monitoring_pids(lab: dict[str, dict]) -> dict[str, str]:
+    def main_pid(name, unit):
+        return sh(name, f"systemctl show -p MainPID --value {unit}").stdout.strip()
+    return {"prometheus": main_pid(HEAD, "prometheus"),
+            **{name: main_pid(name, "prometheus-node-exporter") for name in lab}}
+
+
+def job_status(lab: dict[str, dict], job_id: str) -> str:
+    """A Ray job's status from the head's job API over the fabric (with the token), or the start of its answer."""
+    out = sh(HEAD, f"curl -s -m 10 -H \"Authorization: Bearer $(cat /etc/ray/auth_token)\" "
+                   f"http://{lab[HEAD]['lab_fabric_ip']}:8265/api/jobs/{job_id}", check=False).stdout
+    try:
+        return json.loads(out).get("status", out[:200])
+    except ValueError:
+        return out[:200]
+
+
+def full_rerun(lab: dict[str, dict]) -> FullRerun:
+    """site.yml again with every task, not the fast path, while a job runs: one run that several tests read (the
+    cluster fixture's deploy is already the converge). With the fast path, a rerun would run none of the roles' tasks,
+    so a rerun that proves the roles change nothing and restart nothing must take this one."""
+    from raymetal.runner import progress
+
+    ip = lab[HEAD]["lab_fabric_ip"]
+    job_id = f"raymetal-rerun-probe-{os.urandom(4).hex()}"
+    sh(HEAD, f"set -a; . /etc/ray/ray.env; set +a; cd /tmp && /opt/ray/venv/bin/ray job submit --address http://{ip}:8265 "
+             f"--no-wait --submission-id {job_id} -- python -c 'import time; time.sleep(900)'")
+    try:
+        wait_until(lambda: job_status(lab, job_id) == "RUNNING", 120, what=f"job {job_id} RUNNING")
+        before = (job_status(lab, job_id), alive_nodes(lab), invocation_ids(lab), _monitoring_pids(lab))
+        ran, changed, facts = [], [], {}
+
+        def on_event(event):
+            item = progress(event)
+            if item is not None and item["status"] in ("ok", "failed"):
+                ran.append(f"{item['host']}: {item['task']}")
+            if item is not None and item["changed"]:
+                changed.append(f"{item['host']}: {item['task']}")
+            if event.get("event") == "playbook_on_stats":
+                facts.update(((event.get("event_data") or {}).get("artifact_data") or {}).get("ray_cluster") or {})
+
+        rc, output, stats = run_playbook("site.yml", LAB_INVENTORY, "-e", '{"raymetal_fast_path": false}',
+                                         on_event=on_event)
+        after = (job_status(lab, job_id), alive_nodes(lab), invocation_ids(lab), _monitoring_pids(lab))
+    finally:
+        sh(HEAD, f"set -a; . /etc/ray/ray.env; set +a; cd /tmp && /opt/ray/venv/bin/ray job stop --address "
+                 f"http://{ip}:8265 {job_id}", check=False)
+    return FullRerun(rc, output, stats, ran, changed, facts, job_id, before[0], after[0], before[1], after[1],
+                     before[2], after[2], before[3], after[3])
+
+
 def cluster_scenario_check_and_verify(lab: dict[str, dict]) -> None:
     """The molecule cluster scenario's check and verify steps on this lab's converged cluster
     (extensions/molecule/cluster): site.yml in check mode with every task (not the fast path) plans nothing and

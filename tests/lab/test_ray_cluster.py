@@ -153,7 +153,20 @@ def test_a_node_without_the_right_token_is_refused(cluster, lab, auth):
     assert labkit.alive_nodes(lab) == before
 
 
-def test_rerun_changes_nothing_and_keeps_nodes_and_jobs(cluster, lab):
+def test_rerun_changes_nothing_and_keeps_nodes_and_jobs(cluster, lab, full_rerun):
+    # Every task, as without the fast path (the session's shared full rerun, conftest.full_rerun, made with a job
+    # running): the roles themselves change nothing.
+    run = full_rerun
+    assert len(run.nodes_before) == len(lab) and run.job_before == "RUNNING", (run.nodes_before, run.job_before)
+    assert run.rc == 0, run.output[-3000:]
+    assert run.changed == [], run.changed
+    assert f"{labkit.WORKER1}: Write Ray's directories, token, environment, unit, labels, cluster description, helpers " \
+           "and session pruner" in run.ran
+    assert run.nodes_after == run.nodes_before
+    assert run.units_after == run.units_before
+    assert run.job_after == "RUNNING"
+    assert run.facts["nodes_alive"] == 3, run.facts
+    # As users rerun it: the fast path, one probe per node and the summary on the head, with a job running.
     job_id = f"raymetal-rerun-probe-{uuid.uuid4().hex[:8]}"
     labkit.sh(
         HEAD,
@@ -161,20 +174,9 @@ def test_rerun_changes_nothing_and_keeps_nodes_and_jobs(cluster, lab):
         f"--submission-id {job_id} -- python -c 'import time; time.sleep(900)'",
     )
     try:
-        labkit.wait_until(lambda: job_status(lab, job_id) == "RUNNING", 120, what=f"job {job_id} RUNNING")
-        nodes_before, units_before = labkit.alive_nodes(lab), labkit.invocation_ids(lab)
-        assert len(nodes_before) == len(lab), nodes_before
-        # Every task, as without the fast path: the roles themselves change nothing.
-        ran = []
-        facts, changed = counting_deploy(labkit.LAB_INVENTORY, {"raymetal_fast_path": False}, ran)
-        assert changed == [], changed
-        assert f"{labkit.WORKER1}: Write Ray's directories, token, environment, unit, labels, cluster description, helpers " \
-               "and session pruner" in ran
-        assert labkit.alive_nodes(lab) == nodes_before
-        assert labkit.invocation_ids(lab) == units_before
-        assert job_status(lab, job_id) == "RUNNING"
-        assert facts["nodes_alive"] == 3
-        # As users rerun it: the fast path, one probe per node and the summary on the head.
+        labkit.wait_until(lambda: labkit.job_status(lab, job_id) == "RUNNING", 120, what=f"job {job_id} RUNNING")
+        counting_deploy(labkit.LAB_INVENTORY)  # records, or finds the record fresh
+        units_before = labkit.invocation_ids(lab)
         ran = []
         facts, changed = counting_deploy(labkit.LAB_INVENTORY, None, ran)
         assert changed == [], changed
@@ -182,7 +184,7 @@ def test_rerun_changes_nothing_and_keeps_nodes_and_jobs(cluster, lab):
             f"{labkit.WORKER1}: Compare the node with the last deploy's record",
             f"{labkit.WORKER2}: Compare the node with the last deploy's record"], ran
         assert labkit.invocation_ids(lab) == units_before
-        assert job_status(lab, job_id) == "RUNNING"
+        assert labkit.job_status(lab, job_id) == "RUNNING"
         assert facts["nodes_alive"] == 3 and facts["missing"] == [], facts
     finally:
         labkit.sh(HEAD, f"{TOKEN_ENV}; cd /tmp && /opt/ray/venv/bin/ray job stop --address http://{head_ip(lab)}:8265 "
@@ -236,13 +238,6 @@ def test_the_fast_path_sees_drift_and_the_full_deploy_repairs_it(cluster, lab):
     assert not any("Write Ray's directories" in t for t in ran), ran
     assert facts["nodes_alive"] == 3
     assert sorted(facts["unchanged"]) == sorted(lab), facts["unchanged"]
-
-
-def job_status(lab, job_id):
-    code, body = api(lab, f"/api/jobs/{job_id}")
-    if code != 200:
-        return f"HTTP {code}: {body[:200]}"
-    return json.loads(body).get("status")
 
 
 def test_a_worker_only_change_restarts_only_that_worker(cluster, lab, tmp_path):

@@ -10,7 +10,6 @@ monitoring targets without the extra worker (lab.sh up with two workers, then si
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -42,15 +41,6 @@ def ray_job(lab, args: str):
                      check=False)
 
 
-def job_status(lab, job_id: str) -> str:
-    out = labkit.sh(HEAD, f"curl -s -m 10 -H \"Authorization: Bearer $(cat /etc/ray/auth_token)\" "
-                          f"http://{lab[HEAD]['lab_fabric_ip']}:8265/api/jobs/{job_id}", check=False).stdout
-    try:
-        return json.loads(out).get("status", out[:200])
-    except ValueError:
-        return out[:200]
-
-
 def test_scale_out_joins_a_new_worker_without_restarting_anyone_and_every_firewall_admits_it(cluster, lab, tmp_path):
     job_id = f"raymetal-scale-out-{uuid.uuid4().hex[:8]}"
     submitted = ray_job(lab, f"submit --address ADDRESS --no-wait --submission-id {job_id} "
@@ -58,7 +48,7 @@ def test_scale_out_joins_a_new_worker_without_restarting_anyone_and_every_firewa
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     new_ip = None
     try:
-        labkit.wait_until(lambda: job_status(lab, job_id) == "RUNNING", 120, what=f"job {job_id} RUNNING")
+        labkit.wait_until(lambda: labkit.job_status(lab, job_id) == "RUNNING", 120, what=f"job {job_id} RUNNING")
         units_before = labkit.invocation_ids(lab)
         grown = lab_up(3)
         assert set(grown) == set(lab) | {NEW}, grown
@@ -76,7 +66,7 @@ def test_scale_out_joins_a_new_worker_without_restarting_anyone_and_every_firewa
         assert labkit.alive_ips(grown) == {h["lab_fabric_ip"] for h in grown.values()}
         # No existing node restarted, and the running job is still running.
         assert labkit.invocation_ids(lab) == units_before
-        assert job_status(lab, job_id) == "RUNNING"
+        assert labkit.job_status(lab, job_id) == "RUNNING"
         # Its Ray came from its own copy of the wheelhouse; an existing worker still has none (the mirror serves it).
         copied = labkit.sh(NEW, f"ls {WHEELHOUSE_DIR}").stdout.split()
         assert any(f.startswith("ray-2.60.0-") and f.endswith(".whl") for f in copied), copied
