@@ -104,11 +104,10 @@ molecule: venv lab-prep ## Molecule scenarios (each with its idempotence step; c
 	  done; \
 	done
 
-# Labs side by side for the end-to-end tests (tools/e2e.sh; 1 runs them all on the built-in lab). Three: with two,
-# the machine had a third of its CPU idle in the suite's second half while the labs waited on Ray and their nodes.
-E2E_LABS ?= 3
+# Labs side by side for the end-to-end tests (tools/e2e.sh; 1 runs them all on the built-in lab).
+E2E_LABS ?= 2
 
-e2e: deps venv lab-prep ## End-to-end tests against the lab (E2E_LABS labs side by side, default 3)
+e2e: deps venv lab-prep ## End-to-end tests against the lab (E2E_LABS labs side by side, default 2)
 	@E2E_LABS=$(E2E_LABS) bash tools/e2e.sh
 
 # The whole machine's busy CPU (jiffies: user, nice, system, irq, softirq, steal) and the time, for the

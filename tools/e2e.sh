@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The lab end-to-end tests on E2E_LABS labs side by side (default 3; make sets it).
+# The lab end-to-end tests on E2E_LABS labs side by side (default 2).
 #
 #   tools/e2e.sh [pytest args...]
 #
@@ -17,7 +17,7 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-LABS=${E2E_LABS:-3}
+LABS=${E2E_LABS:-2}
 [[ $LABS =~ ^[1-4]$ ]] || { echo "E2E_LABS must be 1 to 4, got '$LABS'" >&2; exit 2; }
 mkdir -p artifacts
 

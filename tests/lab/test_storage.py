@@ -30,10 +30,6 @@ from pathlib import Path
 
 from tests.lab import labkit
 
-# On the third lab of `make e2e` (tools/e2e.sh, Debian 12): its kind s3 switches a store on and off, and every node's
-# Ray restarts with it.
-E2E_LAB = 3
-
 HEAD, WORKER1, WORKER2 = labkit.HEAD, labkit.WORKER1, labkit.WORKER2
 PATH = "/mnt/ray-shared"
 UNIT = "mnt-ray\\x2dshared.mount"
