@@ -36,7 +36,7 @@ def test_json_callback_output_is_one_json_document(tmp_path):
     proc = subprocess.run(
         [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
          "-e", "ansible_python_interpreter=%s" % sys.executable, str(play)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout)  # the whole of stdout, not a slice of it
     assert result["stats"]["localhost"]["ok"] == 2

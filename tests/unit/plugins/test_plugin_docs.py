@@ -114,7 +114,7 @@ def ansible_doc_env():
 
 def test_ansible_doc_lists_every_filter_with_its_sidecar_summary(ansible_doc_env):
     proc = subprocess.run([str(ANSIBLE_DOC), "-t", "filter", "--list", "--json", "raymetal.cluster"],
-                          env=ansible_doc_env, capture_output=True, text=True, timeout=300, check=False)
+                          env=ansible_doc_env, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr
     listed = json.loads(proc.stdout)
     expected = {}
@@ -131,7 +131,7 @@ def test_ansible_doc_lists_every_filter_with_its_sidecar_summary(ansible_doc_env
 def test_ansible_doc_shows_every_filter(ansible_doc_env):
     names = ["raymetal.cluster." + name for name in sorted(FILTERS)]
     proc = subprocess.run([str(ANSIBLE_DOC), "-t", "filter", "--json"] + names,
-                          env=ansible_doc_env, capture_output=True, text=True, timeout=300, check=False)
+                          env=ansible_doc_env, capture_output=True, text=True, timeout=900, check=False)
     # One filter without documentation makes ansible-doc print none at all; its error names that filter.
     assert proc.returncode == 0, "ansible-doc failed: %s" % proc.stderr[-2000:]
     shown = json.loads(proc.stdout)

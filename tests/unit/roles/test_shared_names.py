@@ -56,7 +56,7 @@ def probe(tmp_path, group_vars):
         (site / "host_vars" / "head1.yml").write_text("ray_node_ip_address: 10.0.0.5\n")
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("shared_names_probe.py")), str(site)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout), site
 

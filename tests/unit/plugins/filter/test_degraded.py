@@ -175,7 +175,7 @@ def validate(tmp_path, *extra, host_vars=None):
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     env.pop("ANSIBLE_STDOUT_CALLBACK", None)
     proc = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(inv), "playbooks/validate.yml", *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -303,7 +303,7 @@ def test_module_runs_through_ansible_in_namespace():
         proc = subprocess.run(["ip", "netns", "exec", ns, str(ansible), "localhost", "-c", "local",
                                "-e", "ansible_python_interpreter=%s" % sys.executable,
                                "-m", "fabric_facts", "-a", args],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout)
     fact = out["plays"][0]["tasks"][0]["hosts"]["localhost"]["ansible_facts"]["fabric"]

@@ -47,13 +47,13 @@ def rendered(tmp_path_factory):
     proc = subprocess.run(
         [str(VENV_BIN / "ansible-playbook"), "-i", str(HERE / "inventory.yml"), str(HERE / "render.yml"),
          "-e", "out=%s" % out],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
 
 def run(*args, cwd=None):
-    proc = subprocess.run([promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run([promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=900, check=False)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -159,7 +159,7 @@ def test_a_bad_alert_receiver_stops_the_preflight_with_the_fix(tmp_path, extra, 
     proc = subprocess.run(
         [str(VENV_BIN / "ansible-playbook"), "-i", str(HERE / "inventory.yml"), str(HERE / "render.yml"),
          "-e", "out=%s" % tmp_path, "-e", json.dumps(extra)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode != 0 and words in out, out[-3000:]
     assert "Traceback" not in out

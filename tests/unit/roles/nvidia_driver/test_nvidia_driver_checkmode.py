@@ -52,7 +52,7 @@ def plan(os_facts, tree, **role_vars):
     proc = subprocess.run(
         [str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local", "--check", "--diff",
          "-e", json.dumps(extra), str(PLAYBOOK)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )
     return proc.returncode, proc.stdout + proc.stderr
 

@@ -161,6 +161,6 @@ def test_a_deliberate_stop_cut_short_still_clears_the_count_at_the_next_start(tm
     record.write_text(json.dumps({"stops": [now - 20, now - 10, now - 5], "stopping": True}))
     run = subprocess.run([sys.executable, str(SCRIPT), "--backoff-max=30", f"--state={record}", "lo", "127.0.0.1",
                           str(token), "--", "/bin/echo", "started"], capture_output=True, text=True, check=False,
-                         timeout=10)
+                         timeout=25)
     assert (run.returncode, run.stdout.strip(), run.stderr) == (0, "started", "")
     assert json.loads(record.read_text()) == {"stops": [], "stopping": False}

@@ -47,7 +47,7 @@ def run(tmp_path, tasks_from, pythons, wheels=(), **role_vars):
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
                ANSIBLE_CACHE_PLUGIN="memory")
     proc = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     return proc.returncode, " ".join((proc.stdout + proc.stderr).split())
 
 

@@ -44,7 +44,7 @@ def run_stage(tmp_path, answer):
                ANSIBLE_CACHE_PLUGIN="memory")
     proc = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local", "-v",
                            "-e", "ansible_python_interpreter=" + sys.executable, str(tmp_path / "play.yml")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     return out, json.loads((tmp_path / "published.json").read_text())
