@@ -10,7 +10,7 @@
 # and one line per running container
 #   <epoch> <container ID> <its io.raymetal.lab label, or - (molecule's)> <its cgroup's CPU, nanoseconds>
 # The report takes the differences between samples: the cores each lab's containers, the other containers
-# (molecule's nodes) and everything outside containers (the controller: ansible, pytest, lint, Docker) used.
+# (molecule's nodes), lint and unit, and everything else outside containers (ansible, pytest, Docker) used.
 set -uo pipefail
 out=$1 every=${2:-15}
 usage() { # container ID -> its cgroup's CPU in nanoseconds (cgroup v1 or v2), or nothing
