@@ -142,6 +142,9 @@ def breakdown(phase_rows: list[tuple], busy: float, spent: list[tuple], runs: li
     return rows
 
 
+_TIMELINE_UNITS = {"machine": 100, "background": 1e9}
+
+
 def timeline(path: Path, bucket: int = 300) -> tuple[list[str], list[tuple[float, dict[str, float]]]]:
     """(columns, [(minute, {column: cores})]) per `bucket` seconds from cpu-timeline.tsv: 'machine', each lab's
     containers by their label, 'molecule' (containers with no lab label), 'background' (tools/background.sh's cgroup:
@@ -152,10 +155,8 @@ def timeline(path: Path, bucket: int = 300) -> tuple[list[str], list[tuple[float
     for line in path.read_text().splitlines():
         parts = line.split()
         try:
-            if len(parts) == 3 and parts[1] == "machine":
-                samples.setdefault(int(parts[0]), {})["machine"] = ("machine", float(parts[2]) / 100)
-            elif len(parts) == 3 and parts[1] == "background":
-                samples.setdefault(int(parts[0]), {})["background"] = ("background", float(parts[2]) / 1e9)
+            if len(parts) == 3 and parts[1] in _TIMELINE_UNITS:  # the machine (jiffies) and the background (ns)
+                samples.setdefault(int(parts[0]), {})[parts[1]] = (parts[1], float(parts[2]) / _TIMELINE_UNITS[parts[1]])
             elif len(parts) == 4:
                 samples.setdefault(int(parts[0]), {})[parts[1]] = (parts[2], float(parts[3]) / 1e9)
         except ValueError:
@@ -168,7 +169,7 @@ def timeline(path: Path, bucket: int = 300) -> tuple[list[str], list[tuple[float
         row = spent.setdefault((before - start) // bucket, {})
         for key, (label, value) in samples[after].items():
             if key in samples[before]:
-                column = key if key in ("machine", "background") else ("molecule" if label == "-" else label)
+                column = key if key in _TIMELINE_UNITS else ("molecule" if label == "-" else label)
                 row[column] = row.get(column, 0.0) + max(0.0, value - samples[before][key][1])
     seen = {column for row in spent.values() for column in row}
     labs = sorted(seen - {"machine", "molecule", "background"})

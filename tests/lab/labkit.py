@@ -138,42 +138,44 @@ def counting_deploy(inventory, extravars=None, tasks=None):
     from raymetal.runner import deploy
 
     changed = []
-
-    def on_event(event):
-        if event.get("changed"):
-            changed.append(f"{event['host']}: {event['task']}")
-        if tasks is not None and event.get("status") in ("ok", "failed"):
-            tasks.append(f"{event['host']}: {event['task']}")
-
-    facts = deploy(str(inventory), extravars=extravars, on_event=on_event)
+    facts = deploy(str(inventory), extravars=extravars, on_event=_task_counter(changed, tasks))
     return facts, changed
 
 
+def _task_counter(changed: list, tasks: list | None) -> Callable[[dict], None]:
+    """An on_event for raymetal.runner's task results ({host, task, status, changed}): 'host: task' of each changed
+    one into changed, and of each one that ran (ok or failed) into tasks, when given."""
+    def on_event(item):
+        if item.get("changed"):
+            changed.append(f"{item['host']}: {item['task']}")
+        if tasks is not None and item.get("status") in ("ok", "failed"):
+            tasks.append(f"{item['host']}: {item['task']}")
+    return on_event
+
+
+class NodeState(NamedTuple):
+    """What full_rerun reads on the nodes just before and just after its run."""
+    job: str      # the running job's status
+    nodes: dict   # alive_nodes()
+    units: dict   # invocation_ids()
+    pids: dict    # MainPID of prometheus (the head) and of each node's node_exporter
+
+
 class FullRerun(NamedTuple):
-    """One site.yml run with every task (raymetal_fast_path false) on a deployed cluster with a job running, and what
-    was read on the nodes just before and after it (see full_rerun)."""
+    """One site.yml run with every task (raymetal_fast_path false) on a deployed cluster with a job running."""
     rc: int
     output: str
     stats: dict
     ran: list          # 'host: task' of every task result, ok or failed (as counting_deploy's tasks)
     changed: list      # 'host: task' of every changed result
     facts: dict        # the ray_cluster stats it published (raymetal.runner.deploy's answer)
-    job_id: str
-    job_before: str
-    job_after: str
-    nodes_before: dict
-    nodes_after: dict
-    units_before: dict
-    units_after: dict
-    pids_before: dict  # MainPID of prometheus (the head) and of each node's node_exporter
-    pids_after: dict
+    before: NodeState
+    after: NodeState
 
 
-def _monitoring_pids(lab: dict[str, dict]) -> dict[str, str]:
-    def main_pid(name, unit):
-        return sh(name, f"systemctl show -p MainPID --value {unit}").stdout.strip()
-    return {"prometheus": main_pid(HEAD, "prometheus"),
-            **{name: main_pid(name, "prometheus-node-exporter") for name in lab}}
+def main_pid(container: str, unit: str) -> str:
+    """systemd's MainPID of a unit on a lab node ('0' when it does not run)."""
+    return sh(container, f"systemctl show -p MainPID --value {unit}").stdout.strip()
 
 
 def job_status(lab: dict[str, dict], job_id: str) -> str:
@@ -186,38 +188,49 @@ def job_status(lab: dict[str, dict], job_id: str) -> str:
         return out[:200]
 
 
+@contextlib.contextmanager
+def sleeper_job(lab: dict[str, dict]) -> Iterator[str]:
+    """A Ray job that sleeps 15 minutes, submitted on the head with the token and RUNNING; yields its ID, stopped
+    afterwards."""
+    ray = "set -a; . /etc/ray/ray.env; set +a; cd /tmp && /opt/ray/venv/bin/ray job"
+    address = f"http://{lab[HEAD]['lab_fabric_ip']}:8265"
+    job_id = f"raymetal-rerun-probe-{os.urandom(4).hex()}"
+    sh(HEAD, f"{ray} submit --address {address} --no-wait --submission-id {job_id} -- "
+             "python -c 'import time; time.sleep(900)'")
+    try:
+        wait_until(lambda: job_status(lab, job_id) == "RUNNING", 120, what=f"job {job_id} RUNNING")
+        yield job_id
+    finally:
+        sh(HEAD, f"{ray} stop --address {address} {job_id}", check=False)
+
+
 def full_rerun(lab: dict[str, dict]) -> FullRerun:
     """site.yml again with every task, not the fast path, while a job runs: one run that several tests read (the
     cluster fixture's deploy is already the converge). With the fast path, a rerun would run none of the roles' tasks,
     so a rerun that proves the roles change nothing and restart nothing must take this one."""
     from raymetal.runner import progress
 
-    ip = lab[HEAD]["lab_fabric_ip"]
-    job_id = f"raymetal-rerun-probe-{os.urandom(4).hex()}"
-    sh(HEAD, f"set -a; . /etc/ray/ray.env; set +a; cd /tmp && /opt/ray/venv/bin/ray job submit --address http://{ip}:8265 "
-             f"--no-wait --submission-id {job_id} -- python -c 'import time; time.sleep(900)'")
-    try:
-        wait_until(lambda: job_status(lab, job_id) == "RUNNING", 120, what=f"job {job_id} RUNNING")
-        before = (job_status(lab, job_id), alive_nodes(lab), invocation_ids(lab), _monitoring_pids(lab))
-        ran, changed, facts = [], [], {}
+    def state(job_id):
+        pids = {"prometheus": main_pid(HEAD, "prometheus"),
+                **{name: main_pid(name, "prometheus-node-exporter") for name in lab}}
+        return NodeState(job_status(lab, job_id), alive_nodes(lab), invocation_ids(lab), pids)
 
-        def on_event(event):
-            item = progress(event)
-            if item is not None and item["status"] in ("ok", "failed"):
-                ran.append(f"{item['host']}: {item['task']}")
-            if item is not None and item["changed"]:
-                changed.append(f"{item['host']}: {item['task']}")
-            if event.get("event") == "playbook_on_stats":
-                facts.update(((event.get("event_data") or {}).get("artifact_data") or {}).get("ray_cluster") or {})
+    ran, changed, facts = [], [], {}
+    count = _task_counter(changed, ran)
 
+    def on_event(event):
+        item = progress(event)
+        if item is not None:
+            count(item)
+        if event.get("event") == "playbook_on_stats":
+            facts.update(((event.get("event_data") or {}).get("artifact_data") or {}).get("ray_cluster") or {})
+
+    with sleeper_job(lab) as job_id:
+        before = state(job_id)
         rc, output, stats = run_playbook("site.yml", LAB_INVENTORY, "-e", '{"raymetal_fast_path": false}',
                                          on_event=on_event)
-        after = (job_status(lab, job_id), alive_nodes(lab), invocation_ids(lab), _monitoring_pids(lab))
-    finally:
-        sh(HEAD, f"set -a; . /etc/ray/ray.env; set +a; cd /tmp && /opt/ray/venv/bin/ray job stop --address "
-                 f"http://{ip}:8265 {job_id}", check=False)
-    return FullRerun(rc, output, stats, ran, changed, facts, job_id, before[0], after[0], before[1], after[1],
-                     before[2], after[2], before[3], after[3])
+        after = state(job_id)
+    return FullRerun(rc, output, stats, ran, changed, facts, before, after)
 
 
 def cluster_scenario_check_and_verify(lab: dict[str, dict]) -> None:

@@ -48,8 +48,7 @@ def all_up(lab):
     return now if set(now) == expected_targets(lab) and set(now.values()) == {"up"} else False
 
 
-def main_pid(container, unit):
-    return labkit.sh(container, f"systemctl show -p MainPID --value {unit}").stdout.strip()
+main_pid = labkit.main_pid
 
 
 def test_every_ray_and_node_exporter_target_is_up_for_every_node(cluster, lab):
@@ -125,11 +124,11 @@ def test_rerun_changes_nothing_and_keeps_prometheus_running(cluster, lab, full_r
     none of the monitoring role's tasks would run): the role changes nothing and restarts neither Prometheus nor any
     node_exporter, and the summary names Prometheus, its targets and the tunnel."""
     run = full_rerun
-    assert all(pid not in ("", "0") for pid in run.pids_before.values()), run.pids_before
+    assert all(pid not in ("", "0") for pid in run.before.pids.values()), run.before.pids
     assert run.rc == 0, run.output[-3000:]
     assert all(c["changed"] == 0 for c in run.stats.values()), run.stats
     assert f"{HEAD}: Configure node_exporter" in run.ran and f"{labkit.WORKER1}: Configure node_exporter" in run.ran
-    assert run.pids_after == run.pids_before
+    assert run.after.pids == run.before.pids
     # The summary names Prometheus, the tunnel and the targets.
     assert f"Prometheus: http://{lab[HEAD]['lab_fabric_ip']}:9090 on {HEAD}: {2 * len(lab) + 2}/{2 * len(lab) + 2} " \
            "targets up" in run.output

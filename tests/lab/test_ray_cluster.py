@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 
 import pytest
 
@@ -157,24 +156,17 @@ def test_rerun_changes_nothing_and_keeps_nodes_and_jobs(cluster, lab, full_rerun
     # Every task, as without the fast path (the session's shared full rerun, conftest.full_rerun, made with a job
     # running): the roles themselves change nothing.
     run = full_rerun
-    assert len(run.nodes_before) == len(lab) and run.job_before == "RUNNING", (run.nodes_before, run.job_before)
+    assert len(run.before.nodes) == len(lab) and run.before.job == "RUNNING", run.before
     assert run.rc == 0, run.output[-3000:]
     assert run.changed == [], run.changed
     assert f"{labkit.WORKER1}: Write Ray's directories, token, environment, unit, labels, cluster description, helpers " \
            "and session pruner" in run.ran
-    assert run.nodes_after == run.nodes_before
-    assert run.units_after == run.units_before
-    assert run.job_after == "RUNNING"
+    assert run.after.nodes == run.before.nodes
+    assert run.after.units == run.before.units
+    assert run.after.job == "RUNNING"
     assert run.facts["nodes_alive"] == 3, run.facts
     # As users rerun it: the fast path, one probe per node and the summary on the head, with a job running.
-    job_id = f"raymetal-rerun-probe-{uuid.uuid4().hex[:8]}"
-    labkit.sh(
-        HEAD,
-        f"{TOKEN_ENV}; cd /tmp && /opt/ray/venv/bin/ray job submit --address http://{head_ip(lab)}:8265 --no-wait "
-        f"--submission-id {job_id} -- python -c 'import time; time.sleep(900)'",
-    )
-    try:
-        labkit.wait_until(lambda: labkit.job_status(lab, job_id) == "RUNNING", 120, what=f"job {job_id} RUNNING")
+    with labkit.sleeper_job(lab) as job_id:
         counting_deploy(labkit.LAB_INVENTORY)  # records, or finds the record fresh
         units_before = labkit.invocation_ids(lab)
         ran = []
@@ -186,9 +178,6 @@ def test_rerun_changes_nothing_and_keeps_nodes_and_jobs(cluster, lab, full_rerun
         assert labkit.invocation_ids(lab) == units_before
         assert labkit.job_status(lab, job_id) == "RUNNING"
         assert facts["nodes_alive"] == 3 and facts["missing"] == [], facts
-    finally:
-        labkit.sh(HEAD, f"{TOKEN_ENV}; cd /tmp && /opt/ray/venv/bin/ray job stop --address http://{head_ip(lab)}:8265 "
-                        f"{job_id}", check=False)
 
 
 def test_the_fast_path_sees_drift_and_the_full_deploy_repairs_it(cluster, lab):
