@@ -444,6 +444,19 @@ HEALTH_ACTS = (" quarantined (", "circuit breaker is open", "now has a hardware 
 HEALTH_STATE = "/var/lib/raymetal-health/state.json"
 
 
+def _held_record(state_text: str):
+    """The quarantine record in the text of a health loop's state file, or None (none held, no file, unreadable)."""
+    try:
+        return json.loads(state_text).get("record") if state_text.strip() else None
+    except (ValueError, AttributeError):
+        return None
+
+
+def health_record(name: str):
+    """The quarantine record the node's health loop holds (its state file), or None: none held, no loop there."""
+    return _held_record(sh(name, f"cat {HEALTH_STATE} 2>/dev/null", check=False).stdout)
+
+
 def false_quarantines(hosts, since: float, windows, run=None) -> list[str]:
     """What each node's health loop did to a healthy node: its lines of HEALTH_ACTS in its journal since `since`
     (epoch seconds; this boot's journal) outside the (start, end) windows of the tests that made faults, and the
@@ -463,11 +476,7 @@ def false_quarantines(hosts, since: float, windows, run=None) -> list[str]:
                 continue
             if not any(start <= when <= end for start, end in windows):
                 found.append(f"{name}: {line.strip()}")
-        held = run(name, f"cat {HEALTH_STATE} 2>/dev/null")
-        try:
-            record = json.loads(held).get("record") if held.strip() else None
-        except (ValueError, AttributeError):
-            record = None
+        record = _held_record(run(name, f"cat {HEALTH_STATE} 2>/dev/null"))
         if record:
             found.append(f"{name}: still quarantined at the end: {json.dumps(record, sort_keys=True)}")
     return found
