@@ -296,7 +296,8 @@ def test_ray_does_not_start_when_its_address_left_the_fabric_interface(cluster, 
     # The NIC is back: systemd's next retry starts Ray and the node rejoins by itself.
     labkit.wait_until(lambda: ip in labkit.alive_ips(lab), 180, interval=3, what=f"{name} alive again")
     # The loop, running again with ib0 back, holds nothing against the worker.
-    assert labkit.health_record(name) is None, labkit.health_record(name)
+    held = labkit.health_record(name)
+    assert held is None, held
 
 
 def test_an_unreadable_token_stops_the_restart_loop_with_a_clear_message(cluster, lab):
