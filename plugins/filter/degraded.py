@@ -103,6 +103,21 @@ def _bound_address(hostvars, host):
     return str(hvars.get("ray_node_ip") or "").split("/", 1)[0]
 
 
+def role_converges(probe, role, digest):
+    """Whether ``role`` runs on a host that takes the full path: False only when the fast path's probe of the host
+    (``probe``, the applied_state result) found raymetal's code, the inventory's files and every watched state the
+    same as its record, and the record holds ``digest`` for ``role`` (the role_inputs lookup's digest of the role's
+    inputs, resolved where the role runs). Anything else (no probe: the fast path off, tags, the acceptance gate;
+    no record; a record from before the full path per role) runs the role."""
+    if not isinstance(probe, dict) or not probe.get("code_same") or not probe.get("state_same"):
+        return True
+    applied = probe.get("applied")
+    recorded = applied.get("raymetal_role_inputs") if isinstance(applied, dict) else None
+    if not isinstance(recorded, dict) or not digest:
+        return True
+    return recorded.get(role) != digest
+
+
 def fast_path_plan(hosts, hostvars, head, stale, recorded):
     """Which of this deploy's hosts take the full path (the fast path per host).
 
@@ -173,6 +188,7 @@ class FilterModule:
             "unreachable_budget_problem": unreachable_budget_problem,
             "exclude_pattern": exclude_pattern,
             "fast_path_plan": fast_path_plan,
+            "role_converges": role_converges,
             "cluster_members": cluster_members,
             "health_quarantined": health_quarantined,
         }

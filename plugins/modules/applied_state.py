@@ -124,6 +124,16 @@ differs:
   type: list
   elements: str
   sample: ["/etc/ray/ray.env: content", "ray-worker.service: inactive/enabled, recorded active/enabled"]
+code_same:
+  description: The half of O(inputs) before its first C(-) (raymetal's code and the inventory's files, from the
+    C(deploy_inputs) lookup) is the recorded one (probe); false without a record.
+  returned: always
+  type: bool
+state_same:
+  description: Nothing that O(watch) lists differs from the record and the recorded fabric address is still on
+    the node (probe), so what differs, if anything, is the inputs alone; false without a record.
+  returned: always
+  type: bool
 applied:
   description: The facts recorded with O(published) by the last run (probe), or those written (record).
   returned: always
@@ -396,12 +406,15 @@ def run_module():
             except OSError as exc:
                 module.fail_json(msg="Could not write %s: %s. Fix: check that the directory is writable by root." % (params["path"], exc))
         recorded_at = old["recorded_at"] if same else stamp["recorded_at"]
-        module.exit_json(changed=not same, fresh=True, differs=[], applied=params["published"], recorded_at=recorded_at)
+        module.exit_json(changed=not same, fresh=True, differs=[], code_same=True, state_same=True,
+                         applied=params["published"], recorded_at=recorded_at)
 
     stamp, why = read_stamp(params["path"])
     if stamp is None:
-        module.exit_json(changed=False, fresh=False, differs=[why], applied={}, recorded_at="")
+        module.exit_json(changed=False, fresh=False, differs=[why], code_same=False, state_same=False, applied={},
+                         recorded_at="")
     differs = inputs_differ(stamp.get("inputs") or "", params["inputs"])
+    code_same = (stamp.get("inputs") or "").split("-", 1)[0] == params["inputs"].split("-", 1)[0]
     applied = stamp.get("published") or {}
     facts = applied.get("ansible_facts")
     fabric = facts.get("fabric") if isinstance(facts, dict) else None
@@ -409,10 +422,12 @@ def run_module():
     gone = address_gone(fabric.get("address") if isinstance(fabric, dict) else "")
     if gone:
         differs.append(gone)
-    differs.extend(compare(stamp.get("state") or {}, current))
+    watched = compare(stamp.get("state") or {}, current)
+    differs.extend(watched)
     if len(differs) > MAX_LINES:
         differs = differs[:MAX_LINES] + ["and %d more" % (len(differs) - MAX_LINES)]
-    result = dict(changed=False, fresh=not differs, differs=differs, applied=applied,
+    result = dict(changed=False, fresh=not differs, differs=differs, code_same=code_same,
+                  state_same=not gone and not watched, applied=applied,
                   recorded_at=stamp.get("recorded_at", ""))
     if not differs and isinstance(facts, dict):
         result["ansible_facts"] = facts

@@ -257,3 +257,27 @@ def test_health_quarantined_names_each_quarantined_worker_with_its_class_check_a
     # A record without its details still names the host.
     assert d.health_quarantined(["w1"], {"w1": {"health_quarantine": {"state": "quarantined"}}}) == {
         "w1": "quarantined by the health loop (?, ?): no finding recorded"}
+
+
+# The full path per role (playbooks/apply.yml): a role is left alone on a host only where the probe found the code,
+# the inventory's files and the watched state as recorded and the record holds the role's digest as it is now.
+SAME = {"code_same": True, "state_same": True, "applied": {"raymetal_role_inputs": {"firewall": "d1", "health": "h1"}}}
+
+
+@pytest.mark.parametrize("probe, role, digest, runs", [
+    (SAME, "firewall", "d1", False),
+    (SAME, "health", "h1", False),
+    (SAME, "firewall", "d2", True),
+    (SAME, "monitoring", "m1", True),
+    (dict(SAME, code_same=False), "firewall", "d1", True),
+    (dict(SAME, state_same=False), "firewall", "d1", True),
+    (dict(SAME, applied={}), "firewall", "d1", True),
+    (dict(SAME, applied={"raymetal_role_inputs": "not a mapping"}), "firewall", "d1", True),
+    # The fast path off (raymetal_fast_path=false, tags, the acceptance gate): the probe was skipped.
+    ({"skipped": True, "changed": False}, "firewall", "d1", True),
+    ({}, "firewall", "d1", True),
+    (None, "firewall", "d1", True),
+    (SAME, "firewall", "", True),
+])
+def test_a_role_is_left_alone_only_where_its_inputs_alone_are_as_recorded(probe, role, digest, runs):
+    assert d.role_converges(probe, role, digest) is runs

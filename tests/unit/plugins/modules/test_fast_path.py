@@ -117,6 +117,25 @@ def test_changed_inputs_name_the_half_that_changed(tmp_path):
         "last deploy"]
 
 
+def test_the_probe_says_apart_settings_alone_from_code_files_and_watched_state(tmp_path):
+    """The full path per role (playbooks/apply.yml) leaves a role alone only where the settings alone changed."""
+    conf = node(tmp_path)
+    stamp = tmp_path / "applied.json"
+    watch = {"paths": [str(conf)]}
+    assert (lambda r: (r["code_same"], r["state_same"]))(run({"path": str(stamp), "inputs": "f1-v1", "watch": watch})) \
+        == (False, False), "no record"
+    run({"state": "record", "path": str(stamp), "inputs": "f1-v1", "watch": watch,
+         "published": {"raymetal_role_inputs": {"firewall": "d1"}}})
+    settings = run({"path": str(stamp), "inputs": "f1-v2", "watch": watch})
+    assert (settings["fresh"], settings["code_same"], settings["state_same"]) == (False, True, True)
+    assert settings["applied"]["raymetal_role_inputs"] == {"firewall": "d1"}
+    code = run({"path": str(stamp), "inputs": "f2-v1", "watch": watch})
+    assert (code["code_same"], code["state_same"]) == (False, True)
+    (conf / "ray.env").write_text("RAY_AUTH_MODE=none\n")
+    drift = run({"path": str(stamp), "inputs": "f1-v2", "watch": watch})
+    assert (drift["code_same"], drift["state_same"]) == (True, False)
+
+
 def test_a_venv_is_watched_by_its_target_and_its_distributions(tmp_path):
     real = tmp_path / "venv-2.60.0"
     site = real / "lib" / "python3.11" / "site-packages"
