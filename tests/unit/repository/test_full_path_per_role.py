@@ -1,0 +1,112 @@
+"""The full path per role (playbooks/apply.yml) leaves a role alone on a node where the role_inputs lookup's digest of
+the role's variables (every name with the role's prefix, resolved) is the recorded one. That is only sound while the
+role's tasks, templates and variables read nothing else: another role's variable, or another host's through
+`hostvars` or `groups[...]`, would change what the role writes without changing its digest. These tests hold each
+role that apply.yml skips that way to it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+APPLY = REPO / "playbooks" / "apply.yml"
+NAME = re.compile(r"\b_*[a-z][a-z0-9_]*\b")
+INCLUDES = ("ansible.builtin.include_tasks", "ansible.builtin.import_tasks", "include_tasks", "import_tasks")
+
+
+def gated_roles():
+    """The roles apply.yml imports behind raymetal.cluster.role_converges, and the prefix each digest covers."""
+    return sorted(set(re.findall(r"role_converges\('([a-z_]+)'", APPLY.read_text())))
+
+
+def _tasks(items):
+    for item in items or []:
+        if isinstance(item, dict):
+            yield item
+            for key in ("block", "rescue", "always"):
+                yield from _tasks(item.get(key))
+
+
+def reachable_task_files(role):
+    """tasks/main.yml and every task file it includes or imports, through any depth (a templated name counts as
+    every file it can match)."""
+    tasks = REPO / "roles" / role / "tasks"
+    seen, todo = set(), [tasks / "main.yml"]
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        for task in _tasks(yaml.safe_load(path.read_text())):
+            for key in INCLUDES:
+                target = task.get(key)
+                if isinstance(target, dict):
+                    target = target.get("file")
+                if not isinstance(target, str):
+                    continue
+                pattern = re.compile("^" + re.sub(r"\\\{\\\{.*?\\\}\\\}", ".*", re.escape(target)) + "$")
+                todo.extend(p for p in tasks.glob("*.yml") if pattern.match(p.name))
+    return sorted(seen)
+
+
+COMMENT = re.compile(r"(^|\s)#.*$")
+
+
+def without_comments(text):
+    """The text less its comments (YAML's, and a template's Jinja comments), which name variables without reading
+    them; a comment line that holds a Jinja expression (a template's output) stays."""
+    text = re.sub(r"\{#.*?#\}", "", text, flags=re.S)
+    return "\n".join(line if "{{" in line.split("#", 1)[-1] or "{%" in line.split("#", 1)[-1]
+                     else COMMENT.sub("", line) for line in text.splitlines())
+
+
+def read_by(role):
+    """The text of what the role's deploy entry point runs: its reachable task files, templates, vars, defaults."""
+    paths = reachable_task_files(role)
+    for sub in ("templates", "vars", "defaults", "handlers"):
+        paths += sorted(p for p in (REPO / "roles" / role / sub).rglob("*") if p.is_file())
+    return {p: without_comments(p.read_text()) for p in paths}
+
+
+def other_roles_names(role):
+    """Every variable another role defines (defaults, vars) or publishes (set_fact), and the wiring role's names."""
+    names = set()
+    for other in sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir()):
+        folder = REPO / "roles" / other
+        for sub in ("defaults", "vars"):
+            for path in (folder / sub).glob("*.yml"):
+                names |= set((yaml.safe_load(path.read_text()) or {}).keys())
+        if other == role:
+            continue
+        for path in (folder / "tasks").glob("*.yml"):
+            for task in _tasks(yaml.safe_load(path.read_text())):
+                facts = task.get("ansible.builtin.set_fact") or task.get("set_fact")
+                if isinstance(facts, dict):
+                    names |= set(facts)
+    return {n for n in names if isinstance(n, str)} - {"cacheable"}
+
+
+def test_apply_skips_some_roles_by_their_digest():
+    assert gated_roles(), "playbooks/apply.yml gates no role with raymetal.cluster.role_converges"
+
+
+@pytest.mark.parametrize("role", gated_roles())
+def test_a_skipped_role_reads_only_variables_its_digest_covers(role):
+    own = (role + "_", "__" + role + "_")
+    foreign = {n for n in other_roles_names(role) if not n.startswith(own)}
+    problems = []
+    for path, text in read_by(role).items():
+        names = set(NAME.findall(text)) & foreign
+        if names:
+            problems.append("%s reads %s" % (path.relative_to(REPO), ", ".join(sorted(names))))
+        for other_host in ("hostvars", "groups["):
+            if other_host in text:
+                problems.append("%s reads %s" % (path.relative_to(REPO), other_host))
+    assert not problems, (
+        "playbooks/apply.yml leaves roles/%s alone where the digest of its %s* variables is unchanged, but:\n  %s\n"
+        "Fix: hand the value to the role through the wiring role under a %s name (roles/wiring/vars/main.yml), "
+        "so that its digest covers it." % (role, role + "_", "\n  ".join(problems), role + "_"))
