@@ -18,9 +18,21 @@ NAME = re.compile(r"\b_*[a-z][a-z0-9_]*\b")
 INCLUDES = ("ansible.builtin.include_tasks", "ansible.builtin.import_tasks", "include_tasks", "import_tasks")
 
 
+def gated_imports():
+    """{role: its entry point} for each role apply.yml imports behind raymetal.cluster.role_converges."""
+    found = {}
+    for play in yaml.safe_load(APPLY.read_text()):
+        for task in _tasks(play.get("tasks")):
+            imported = task.get("ansible.builtin.import_role")
+            gate = re.search(r"role_converges\('([a-z_]+)'", str(task.get("when", "")))
+            if isinstance(imported, dict) and gate:
+                assert gate.group(1) == imported["name"], "the gate of %s names %s" % (imported["name"], gate.group(1))
+                found[imported["name"]] = imported.get("tasks_from", "main.yml")
+    return found
+
+
 def gated_roles():
-    """The roles apply.yml imports behind raymetal.cluster.role_converges, and the prefix each digest covers."""
-    return sorted(set(re.findall(r"role_converges\('([a-z_]+)'", APPLY.read_text())))
+    return sorted(gated_imports())
 
 
 def _tasks(items):
@@ -32,10 +44,13 @@ def _tasks(items):
 
 
 def reachable_task_files(role):
-    """tasks/main.yml and every task file it includes or imports, through any depth (a templated name counts as
-    every file it can match)."""
+    """The entry point apply.yml imports and every task file it includes or imports, through any depth (a templated
+    name counts as every file it can match)."""
     tasks = REPO / "roles" / role / "tasks"
-    seen, todo = set(), [tasks / "main.yml"]
+    entry = gated_imports()[role]
+    first = tasks / (entry if entry.endswith(".yml") else entry + ".yml")
+    assert first.is_file(), "playbooks/apply.yml imports %s, which does not exist" % first.relative_to(REPO)
+    seen, todo = set(), [first]
     while todo:
         path = todo.pop()
         if path in seen or not path.is_file():
