@@ -324,12 +324,17 @@ def compare(recorded, current):
     return lines
 
 
+def input_halves(inputs):
+    """The two halves of the inputs ('<files>-<vars>', from the deploy_inputs lookup): [files, vars]."""
+    return (inputs.split("-", 1) + [""])[:2]
+
+
 def inputs_differ(recorded, current):
-    """Which half of the inputs ('<files>-<vars>', from the deploy_inputs lookup) changed."""
+    """Which half of the inputs changed."""
     if recorded == current:
         return []
-    old = (recorded.split("-", 1) + [""])[:2]
-    new = (current.split("-", 1) + [""])[:2]
+    old = input_halves(recorded)
+    new = input_halves(current)
     lines = []
     if old[0] != new[0]:
         lines.append("raymetal's code or the inventory's files changed since the last deploy")
@@ -414,7 +419,7 @@ def run_module():
         module.exit_json(changed=False, fresh=False, differs=[why], code_same=False, state_same=False, applied={},
                          recorded_at="")
     differs = inputs_differ(stamp.get("inputs") or "", params["inputs"])
-    code_same = (stamp.get("inputs") or "").split("-", 1)[0] == params["inputs"].split("-", 1)[0]
+    code_same = input_halves(stamp.get("inputs") or "")[0] == input_halves(params["inputs"])[0]
     applied = stamp.get("published") or {}
     facts = applied.get("ansible_facts")
     fabric = facts.get("fabric") if isinstance(facts, dict) else None
