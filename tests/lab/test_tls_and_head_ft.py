@@ -38,7 +38,6 @@ E2E_LAB = 2
 
 HEAD, WORKER1, WORKER2 = labkit.HEAD, labkit.WORKER1, labkit.WORKER2
 RAY_ENV = "set -a; . /etc/ray/ray.env; set +a"
-TOKEN_ENV = RAY_ENV
 TLS_ROCKSDB = ("-e", "ray_tls=true", "-e", "ray_gcs_fault_tolerance=rocksdb")
 TLS_REDIS = ("-e", "ray_tls=true", "-e", "ray_gcs_fault_tolerance=redis")
 
@@ -136,7 +135,7 @@ print("COUNTER " + json.dumps(ray.get(counter.add.remote(), timeout=30)))
 
 def counter(lab, *args, check=True):
     head_ip = lab[HEAD]["lab_fabric_ip"]
-    proc = labkit.sh(HEAD, f"{TOKEN_ENV}; cd /tmp && timeout 60 /opt/ray/venv/bin/python /tmp/ft_counter.py "
+    proc = labkit.sh(HEAD, f"{RAY_ENV}; cd /tmp && timeout 60 /opt/ray/venv/bin/python /tmp/ft_counter.py "
                            f"{head_ip}:6379 {' '.join(args)}", check=check, timeout=90)
     if "COUNTER " not in proc.stdout:
         return None
