@@ -215,13 +215,26 @@ def test_the_plan_stops_only_what_runs_or_starts_at_boot():
     assert switch_off_plan(lines[:3], comps)["units"] == []
 
 
-@pytest.mark.parametrize("playbook,play", [("apply.yml", "Lock Ray's ports to the cluster before Ray listens"),
-                                           ("upgrade.yml", "Lock the ports to the cluster before staging (the wheelhouse mirror's too)")])
-def test_services_stop_before_the_firewall_drops_their_ports(playbook, play):
+@pytest.mark.parametrize("playbook", ["apply.yml", "upgrade.yml"])
+def test_services_stop_before_the_firewall_drops_their_ports(playbook):
+    """switch_off.yml runs before the firewall's rules are applied: in the play that applies them (upgrade.yml) or
+    in the play before it (apply.yml, where the firewall has a play of its own, the full path per role). Only an
+    import of the firewall's rules counts (its main entry point), not one that reads its defaults or checks."""
     plays = yaml.safe_load((ROOT / "playbooks" / playbook).read_text())
-    tasks = next(p for p in plays if p.get("name") == play)["tasks"]
-    names = [t.get("ansible.builtin.import_tasks") or t.get("ansible.builtin.import_role", {}).get("name") for t in tasks]
-    assert names.index("tasks/switch_off.yml") < names.index("firewall"), names
-    # No earlier play of the deploy touches the firewall.
-    before = plays[:plays.index(next(p for p in plays if p.get("name") == play))]
-    assert "firewall" not in yaml.safe_dump(before)
+    steps = []
+    for index, play in enumerate(plays):
+        for task in play.get("tasks") or []:
+            role = task.get("ansible.builtin.import_role") or {}
+            if task.get("ansible.builtin.import_tasks") == "tasks/switch_off.yml":
+                steps.append((index, "switch_off"))
+            elif role.get("name") == "firewall" and role.get("tasks_from", "main.yml") in ("main", "main.yml"):
+                steps.append((index, "firewall"))
+    names = [name for _, name in steps]
+    assert names.count("switch_off") == 1 and names.count("firewall") == 1, steps
+    assert names.index("switch_off") < names.index("firewall"), steps
+    switch_play = next(i for i, n in steps if n == "switch_off")
+    firewall_play = next(i for i, n in steps if n == "firewall")
+    # The firewall's play follows at once: no other role's tasks run on the nodes in between.
+    assert firewall_play - switch_play <= 1, steps
+    # No earlier play of the deploy applies the firewall.
+    assert "firewall" not in yaml.safe_dump(plays[:switch_play])

@@ -19,15 +19,28 @@ INCLUDES = ("ansible.builtin.include_tasks", "ansible.builtin.import_tasks", "in
 
 
 def gated_imports():
-    """{role: its entry point} for each role apply.yml imports behind raymetal.cluster.role_converges."""
-    found = {}
+    """{role: its entry point} for each role apply.yml applies in a play of its own whose hosts are the nodes where
+    raymetal.cluster.role_converges says it runs (raymetal_role_hosts[role], playbooks/tasks/role_hosts.yml)."""
+    found, decided = {}, set()
     for play in yaml.safe_load(APPLY.read_text()):
         for task in _tasks(play.get("tasks")):
-            imported = task.get("ansible.builtin.import_role")
-            gate = re.search(r"role_converges\('([a-z_]+)'", str(task.get("when", "")))
-            if isinstance(imported, dict) and gate:
-                assert gate.group(1) == imported["name"], "the gate of %s names %s" % (imported["name"], gate.group(1))
-                found[imported["name"]] = imported.get("tasks_from", "main.yml")
+            facts = task.get("ansible.builtin.set_fact")
+            for name, value in (facts.items() if isinstance(facts, dict) else ()):
+                gate = re.search(r"role_converges\('([a-z_]+)'", str(value))
+                if name.startswith("raymetal_role_runs_") and gate:
+                    assert name == "raymetal_role_runs_" + gate.group(1), "%s is decided for %s" % (name, gate.group(1))
+                    decided.add(gate.group(1))
+        gate = re.search(r"raymetal_role_hosts'\]\['([a-z_]+)'\]", str(play.get("hosts", "")))
+        if not gate:
+            continue
+        role = gate.group(1)
+        assert role in decided, "the play %r runs where %s is decided, but no earlier play decides it" % (
+            play.get("name"), role)
+        imports = [task["ansible.builtin.import_role"] for task in _tasks(play.get("tasks"))
+                   if isinstance(task.get("ansible.builtin.import_role"), dict)
+                   and task["ansible.builtin.import_role"]["name"] == role]
+        assert len(imports) == 1, "the play %r imports %s %d times" % (play.get("name"), role, len(imports))
+        found[role] = imports[0].get("tasks_from", "main.yml")
     return found
 
 
