@@ -17,6 +17,9 @@ from tests.lab import labkit
 E2E_LAB = 2
 
 HEAD = labkit.HEAD
+# The plays of playbooks/apply.yml that apply one role on the nodes whose inputs for it changed.
+FIREWALL_PLAY = "Apply the firewall where its inputs changed"
+HEALTH_PLAY = "Run the node health loop where its inputs changed"
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +75,23 @@ def test_members_only_closes_a_user_jobs_port_to_outsiders_on_the_fabric(cluster
         labkit.wait_until(lambda: labkit.probe_from(labkit.WORKER1, ip, port) == "open", 30, what="the listener")
         assert labkit.probe_from(outsider, ip, port) == "open"
         before = labkit.invocation_ids(lab)
+        ran, plays = set(), set()  # (play, host) of every task result: which nodes each play touched
+
+        def on_event(event):
+            if event.get("event") == "playbook_on_play_start":
+                plays.add((event.get("event_data") or {}).get("play"))
+            elif str(event.get("event", "")).startswith("runner_on_"):
+                data = event.get("event_data") or {}
+                ran.add((data.get("play"), data.get("host")))
+
         rc, out, stats = labkit.run_playbook("site.yml", labkit.LAB_INVENTORY, "-e",
-                                             '{"firewall_fabric_members_only": true}')
+                                             '{"firewall_fabric_members_only": true}', on_event=on_event)
         assert rc == 0, out[-3000:]
+        # The full path per role: a setting of the firewall alone runs the firewall's play on every node and the
+        # health loop's play on none (its inputs are as recorded), so those nodes queue none of its tasks.
+        assert {host for play, host in ran if play == FIREWALL_PLAY} == set(lab), sorted(ran)
+        assert HEALTH_PLAY in plays, sorted(plays)
+        assert [host for play, host in ran if play == HEALTH_PLAY] == [], sorted(ran)
         assert labkit.probe_from(outsider, ip, port) == "timeout"
         assert labkit.probe_from(labkit.WORKER1, ip, port) == "open"
         assert labkit.probe_from(HEAD, ip, port) == "open"
