@@ -27,12 +27,25 @@ options:
     type: list
     elements: str
     required: true
+  names:
+    description:
+      - Whole variable names to digest as well, whatever their prefix (a role's derived values that read other
+        hosts, such as the targets Prometheus scrapes, resolved where the role runs).
+    type: list
+    elements: str
+    default: []
+    version_added: "0.1.0"
 """
 
 EXAMPLES = r"""
 - name: The firewall's inputs on this host
   ansible.builtin.set_fact:
     raymetal_role_inputs_firewall: "{{ lookup('raymetal.cluster.role_inputs', 'firewall') }}"
+
+- name: The monitoring role's inputs, and its scrape targets, which it derives from every host's variables
+  ansible.builtin.set_fact:
+    raymetal_role_inputs_monitoring: >-
+      {{ lookup('raymetal.cluster.role_inputs', 'monitoring', 'package_mirror', names=['__monitoring_jobs']) }}
 """
 
 RETURN = r"""
@@ -59,8 +72,12 @@ class LookupModule(LookupBase):
         prefixes = tuple(sorted(set(str(t) + "_" for t in terms)))
         if not prefixes:
             raise AnsibleError("role_inputs: name at least one prefix (a role's name).")
+        names = kwargs.get("names") or []
+        if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+            raise AnsibleError("role_inputs: names must be a list of variable names, got %r." % (names,))
+        whole = set(names)
         digest = hashlib.sha256()
-        for name in sorted(k for k in variables if isinstance(k, str) and k.startswith(prefixes)
+        for name in sorted(k for k in variables if isinstance(k, str) and (k.startswith(prefixes) or k in whole)
                            and not k.startswith(OWN)):
             try:
                 value = self._templar.template(variables[name])

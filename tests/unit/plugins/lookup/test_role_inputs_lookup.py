@@ -60,3 +60,24 @@ def test_several_prefixes_and_none():
     assert digest(dict(BASE), "firewall", "health") != digest(dict(BASE), "firewall")
     with pytest.raises(AnsibleError, match="at least one prefix"):
         digest(dict(BASE))
+
+
+def named(variables, prefixes, names):
+    loader = DataLoader()
+    lookup = LookupModule(loader=loader, templar=Templar(loader=loader, variables=variables))
+    return lookup.run(list(prefixes), variables=variables, names=names)[0]
+
+
+def test_whole_names_count_beside_the_prefixes_and_nothing_else_does():
+    derived = dict(BASE, __firewall_targets=trust_as_template("{{ ray_ports | map('string') | list }}"))
+    one = named(dict(derived), ["firewall"], ["__firewall_targets"])
+    # Without the name, the derived value is not an input; with it, what it reads reaches the digest.
+    assert named(dict(derived), ["firewall"], []) == digest(dict(derived), "firewall") != one
+    assert named(dict(derived, ray_ports=[6379]), ["firewall"], ["__firewall_targets"]) != one
+    # A name that is absent counts as nothing; a similar name is another variable.
+    assert named(dict(derived, __firewall_targetsx=1), ["firewall"], ["__firewall_targets", "__absent"]) == one
+
+
+def test_names_must_be_a_list_of_names():
+    with pytest.raises(AnsibleError, match="names must be a list"):
+        named(dict(BASE), ["firewall"], "__firewall_targets")
