@@ -6,6 +6,7 @@ role that apply.yml skips that way to it."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -48,6 +49,32 @@ def gated_roles():
     return sorted(gated_imports())
 
 
+LOOKUP = re.compile(r"lookup\('raymetal\.cluster\.role_inputs',\s*((?:'[a-z_]+',?\s*)+)(?:names=\[([^\]]*)\])?")
+
+
+def digests():
+    """{role: (the lookup's prefixes, its whole names)} for each role whose digest apply.yml takes, and the roles
+    grouped all or none (playbooks/tasks/role_hosts.yml with __role_hosts_all_or_none)."""
+    found, all_or_none = {}, set()
+    for play in yaml.safe_load(APPLY.read_text()):
+        for task in _tasks(play.get("tasks")):
+            facts = task.get("ansible.builtin.set_fact")
+            for name, value in (facts.items() if isinstance(facts, dict) else ()):
+                if not name.startswith("raymetal_role_inputs_"):
+                    continue
+                text = str(value)
+                for ref in re.findall(r"__[a-z_]+", text):  # a task var holding the lookup
+                    text += " " + str((task.get("vars") or {}).get(ref, ""))
+                match = LOOKUP.search(text)
+                assert match, "%s is not a raymetal.cluster.role_inputs digest" % name
+                found[name[len("raymetal_role_inputs_"):]] = (
+                    re.findall(r"'([a-z_]+)'", match.group(1)), re.findall(r"'([a-z_]+)'", match.group(2) or ""))
+            tvars = task.get("vars") or {}
+            if task.get("ansible.builtin.import_tasks") == "tasks/role_hosts.yml" and tvars.get("__role_hosts_all_or_none"):
+                all_or_none.add(tvars["__role_hosts_role"])
+    return found, all_or_none
+
+
 def _tasks(items):
     for item in items or []:
         if isinstance(item, dict):
@@ -70,6 +97,8 @@ def reachable_task_files(role):
             continue
         seen.add(path)
         for task in _tasks(yaml.safe_load(path.read_text())):
+            if _checked_before(role, task):
+                continue
             for key in INCLUDES:
                 target = task.get(key)
                 if isinstance(target, dict):
@@ -79,6 +108,23 @@ def reachable_task_files(role):
                 pattern = re.compile("^" + re.sub(r"\\\{\\\{.*?\\\}\\\}", ".*", re.escape(target)) + "$")
                 todo.extend(p for p in tasks.glob("*.yml") if pattern.match(p.name))
     return sorted(seen)
+
+
+CHECK = REPO / "playbooks" / "check.yml"
+
+
+def _checked_before(role, task):
+    """Whether ``task`` includes the role's checks (preflight.yml) behind the guard that they ran already: the
+    deploy's check play (playbooks/check.yml, before apply.yml) runs them on every node, and what they publish
+    under the role's prefix is in the digest, resolved."""
+    target = next((task.get(key) for key in INCLUDES if task.get(key)), None)
+    target = target.get("file") if isinstance(target, dict) else target
+    guard = "__%s_checked is not defined" % role
+    if target != "preflight.yml" or str(task.get("when", "")).strip() != guard:
+        return False
+    imports = [t.get("ansible.builtin.import_role") for play in yaml.safe_load(CHECK.read_text())
+               for t in _tasks(play.get("tasks"))]
+    return {"name": role, "tasks_from": "preflight.yml"} in imports
 
 
 COMMENT = re.compile(r"(^|\s)#.*$")
@@ -92,12 +138,39 @@ def without_comments(text):
                      else COMMENT.sub("", line) for line in text.splitlines())
 
 
+JINJA = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
+
+
 def read_by(role):
-    """The text of what the role's deploy entry point runs: its reachable task files, templates, vars, defaults."""
-    paths = reachable_task_files(role)
-    for sub in ("templates", "vars", "defaults", "handlers"):
-        paths += sorted(p for p in (REPO / "roles" / role / sub).rglob("*") if p.is_file())
-    return {p: without_comments(p.read_text()) for p in paths}
+    """The text of what the role's deploy entry point runs: its reachable task files and handlers, the Jinja of its
+    templates (their prose names no variable it reads), and each of its vars and defaults that the digest does not
+    cover ({path: text}; a variable's text is keyed "path:name"). A variable the digest covers (a name with one of
+    the lookup's prefixes, or one of its whole names) counts by its resolved value, whatever it reads."""
+    prefixes, names = digests()[0].get(role, ([role], []))
+    covered = tuple(p + "_" for p in prefixes)
+    texts = {}
+    for path in reachable_task_files(role) + sorted((REPO / "roles" / role / "handlers").rglob("*.yml")):
+        texts[path] = without_comments(path.read_text())
+    for path in sorted(p for p in (REPO / "roles" / role / "templates").rglob("*") if p.is_file()):
+        texts[path] = "\n".join(JINJA.findall(without_comments(path.read_text())))
+    for sub in ("vars", "defaults"):
+        for path in sorted((REPO / "roles" / role / sub).glob("*.yml")):
+            for name, value in (yaml.safe_load(path.read_text()) or {}).items():
+                if not (name.startswith(covered) or name in names):
+                    texts[Path("%s:%s" % (path, name))] = json.dumps(value)
+    return texts
+
+
+def registered_by(role):
+    """The names the role's task files register or set_fact."""
+    names = set()
+    for path in (REPO / "roles" / role / "tasks").glob("*.yml"):
+        for task in _tasks(yaml.safe_load(path.read_text())):
+            if isinstance(task.get("register"), str):
+                names.add(task["register"])
+            facts = task.get("ansible.builtin.set_fact")
+            names |= set(facts) if isinstance(facts, dict) else set()
+    return names
 
 
 def other_roles_names(role):
@@ -122,15 +195,24 @@ def test_apply_skips_some_roles_by_their_digest():
     assert gated_roles(), "playbooks/apply.yml gates no role with raymetal.cluster.role_converges"
 
 
+# A role grouped all or none (it runs on every node of the play or on none) may read what it registered on the other
+# nodes in the same run, and the cluster's host list beside it: map('extract', hostvars, '<its own registered name>').
+OWN_EXTRACT = re.compile(r"map\('extract', hostvars, '([a-z_]+)'\)")
+
+
 @pytest.mark.parametrize("role", gated_roles())
 def test_a_skipped_role_reads_only_variables_its_digest_covers(role):
-    own = (role + "_", "__" + role + "_")
+    prefixes = digests()[0].get(role, ([role], []))[0]
+    own = tuple(p + "_" for p in prefixes) + tuple("__" + p + "_" for p in prefixes)
     foreign = {n for n in other_roles_names(role) if not n.startswith(own)}
+    together = role in digests()[1]
     problems = []
     for path, text in read_by(role).items():
         names = set(NAME.findall(text)) & foreign
         if names:
             problems.append("%s reads %s" % (path.relative_to(REPO), ", ".join(sorted(names))))
+        if together and OWN_EXTRACT.search(text) and set(OWN_EXTRACT.findall(text)) <= registered_by(role):
+            text = OWN_EXTRACT.sub("", text).replace("groups['ray_cluster']", "")
         for other_host in ("hostvars", "groups["):
             if other_host in text:
                 problems.append("%s reads %s" % (path.relative_to(REPO), other_host))
