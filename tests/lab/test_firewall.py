@@ -20,6 +20,7 @@ HEAD = labkit.HEAD
 # The plays of playbooks/apply.yml that apply one role on the nodes whose inputs for it changed.
 FIREWALL_PLAY = "Apply the firewall where its inputs changed"
 HEALTH_PLAY = "Run the node health loop where its inputs changed"
+MONITORING_PLAY = "Install the monitoring (node_exporter everywhere, Prometheus on the monitoring host)"
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +89,11 @@ def test_members_only_closes_a_user_jobs_port_to_outsiders_on_the_fabric(cluster
                                              '{"firewall_fabric_members_only": true}', on_event=on_event)
         assert rc == 0, out[-3000:]
         # The full path per role: a setting of the firewall alone runs the firewall's play on every node and the
-        # health loop's play on none (its inputs are as recorded), so those nodes queue none of its tasks.
+        # health loop's and the monitoring's plays on none (their inputs are as recorded), so those nodes queue
+        # none of their tasks.
         assert {host for play, host in ran if play == FIREWALL_PLAY} == set(lab), sorted(ran)
-        assert HEALTH_PLAY in plays, sorted(plays)
-        assert [host for play, host in ran if play == HEALTH_PLAY] == [], sorted(ran)
+        assert HEALTH_PLAY in plays and MONITORING_PLAY in plays, sorted(plays)
+        assert [host for play, host in ran if play in (HEALTH_PLAY, MONITORING_PLAY)] == [], sorted(ran)
         assert labkit.probe_from(outsider, ip, port) == "timeout"
         assert labkit.probe_from(labkit.WORKER1, ip, port) == "open"
         assert labkit.probe_from(HEAD, ip, port) == "open"
