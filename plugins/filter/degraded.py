@@ -118,6 +118,40 @@ def role_converges(probe, role, digest):
     return recorded.get(role) != digest
 
 
+# The hosts pattern of a play that applies a role on no host (playbooks/tasks/role_hosts.yml): ray_head and ray_worker
+# never share a host (validation refuses it).
+NO_HOST = "ray_head:&ray_worker"
+
+
+def role_hosts(hosts, hostvars, roles, all_or_none=None, patterns=False):
+    """{role: the hosts of ``hosts`` where it runs} for each of ``roles``, from each host's
+    ``raymetal_role_runs_<role>`` (the role_converges filter's answer there; a host without it runs the role). A role
+    in ``all_or_none`` runs on every host of ``hosts`` where it runs on one (its run on one host reads what it finds
+    on the others in the same run), else on none. With ``patterns``, {role: the hosts pattern of the play that
+    applies it}: its group ``raymetal_role_<role>``, or a pattern that matches no host."""
+    plan = _role_hosts(hosts, hostvars, roles, all_or_none)
+    if patterns:
+        return {role: ("raymetal_role_" + str(role)) if runs else NO_HOST for role, runs in plan.items()}
+    return plan
+
+
+def _role_hosts(hosts, hostvars, roles, all_or_none):
+    hosts = list(hosts or [])
+    together = set(all_or_none or [])
+    plan = {}
+    for role in roles or []:
+        key = "raymetal_role_runs_" + str(role)
+        runs = [h for h in hosts if _flag(((hostvars[h] if h in hostvars else {}) or {}).get(key, True))]
+        plan[role] = list(hosts) if runs and role in together else runs
+    return plan
+
+
+def _flag(value):
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "1", "on")
+    return bool(value)
+
+
 def fast_path_plan(hosts, hostvars, head, stale, recorded):
     """Which of this deploy's hosts take the full path (the fast path per host).
 
@@ -189,6 +223,7 @@ class FilterModule:
             "exclude_pattern": exclude_pattern,
             "fast_path_plan": fast_path_plan,
             "role_converges": role_converges,
+            "role_hosts": role_hosts,
             "cluster_members": cluster_members,
             "health_quarantined": health_quarantined,
         }

@@ -281,3 +281,28 @@ SAME = {"code_same": True, "state_same": True, "applied": {"raymetal_role_inputs
 ])
 def test_a_role_is_left_alone_only_where_its_inputs_alone_are_as_recorded(probe, role, digest, runs):
     assert d.role_converges(probe, role, digest) is runs
+
+
+def test_role_hosts_groups_each_role_s_hosts_and_all_or_none_takes_every_host_or_none():
+    hostvars = {
+        "head": {"raymetal_role_runs_firewall": False, "raymetal_role_runs_monitoring": False},
+        "w1": {"raymetal_role_runs_firewall": True, "raymetal_role_runs_monitoring": "True"},
+        "w2": {"raymetal_role_runs_firewall": False, "raymetal_role_runs_monitoring": False},
+    }
+    hosts = ["head", "w1", "w2"]
+    assert d.role_hosts(hosts, hostvars, ["firewall", "monitoring"], ["monitoring"]) == {
+        "firewall": ["w1"], "monitoring": ["head", "w1", "w2"]}
+    # Nowhere on one host: none, all or none or not.
+    quiet = {h: {"raymetal_role_runs_firewall": False, "raymetal_role_runs_monitoring": "False"} for h in hosts}
+    assert d.role_hosts(hosts, quiet, ["firewall", "monitoring"], ["monitoring"]) == {"firewall": [], "monitoring": []}
+    # A host that did not decide runs the role; a play of no host groups none.
+    assert d.role_hosts(hosts, {"head": {}, "w1": quiet["w1"]}, ["firewall"]) == {"firewall": ["head", "w2"]}
+    assert d.role_hosts([], hostvars, ["firewall"], ["firewall"]) == {"firewall": []}
+
+
+def test_role_hosts_patterns_name_each_role_s_group_or_no_host():
+    hostvars = {"head": {"raymetal_role_runs_firewall": False}, "w1": {"raymetal_role_runs_firewall": True}}
+    assert d.role_hosts(["head", "w1"], hostvars, ["firewall", "health"], [], True) == {
+        "firewall": "raymetal_role_firewall", "health": "raymetal_role_health"}
+    quiet = {"head": {"raymetal_role_runs_firewall": False}}
+    assert d.role_hosts(["head"], quiet, ["firewall"], patterns=True) == {"firewall": "ray_head:&ray_worker"}
