@@ -70,8 +70,8 @@ def digests():
                 found[name[len("raymetal_role_inputs_"):]] = (
                     re.findall(r"'([a-z_]+)'", match.group(1)), re.findall(r"'([a-z_]+)'", match.group(2) or ""))
             tvars = task.get("vars") or {}
-            if task.get("ansible.builtin.import_tasks") == "tasks/role_hosts.yml" and tvars.get("__role_hosts_all_or_none"):
-                all_or_none.add(tvars["__role_hosts_role"])
+            if task.get("ansible.builtin.import_tasks") == "tasks/role_hosts.yml":
+                all_or_none |= set(tvars.get("__role_hosts_all_or_none") or [])
     return found, all_or_none
 
 
