@@ -20,7 +20,7 @@ E2E_LAB = 1
 HEAD = labkit.HEAD
 RAY_HEAD_JOBS = {"ray_autoscaler", "ray_dashboard"}
 EVERY_NODE_JOBS = {"ray_node", "node"}
-MONITORING_PLAY = "Install the monitoring (node_exporter everywhere, Prometheus on the monitoring host)"
+MONITORING_PLAY = "Install the monitoring where its inputs changed (node_exporter everywhere, Prometheus on the monitoring host)"
 
 
 def prom(lab, path, **params):
