@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from ansible.module_utils.parsing.convert_bool import boolean
+
 # ASCII digits only: str.isdigit() and \d also take '²' (which int() refuses) and other scripts' digits.
 _COUNT = re.compile(r"^\s*([0-9]+)\s*$")
 _PERCENT = re.compile(r"^\s*([0-9]{1,3})\s*%\s*$")
@@ -141,15 +143,9 @@ def _role_hosts(hosts, hostvars, roles, all_or_none):
     plan = {}
     for role in roles or []:
         key = "raymetal_role_runs_" + str(role)
-        runs = [h for h in hosts if _flag(((hostvars[h] if h in hostvars else {}) or {}).get(key, True))]
+        runs = [h for h in hosts if boolean(((hostvars[h] if h in hostvars else {}) or {}).get(key, True), strict=False)]
         plan[role] = list(hosts) if runs and role in together else runs
     return plan
-
-
-def _flag(value):
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "yes", "1", "on")
-    return bool(value)
 
 
 def fast_path_plan(hosts, hostvars, head, stale, recorded):

@@ -6,6 +6,7 @@ role that apply.yml skips that way to it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -52,6 +53,7 @@ def gated_roles():
 LOOKUP = re.compile(r"lookup\('raymetal\.cluster\.role_inputs',\s*((?:'[a-z_]+',?\s*)+)(?:names=\[([^\]]*)\])?")
 
 
+@functools.lru_cache(maxsize=None)
 def digests():
     """{role: (the lookup's prefixes, its whole names)} for each role whose digest apply.yml takes, and the roles
     grouped all or none (playbooks/tasks/role_hosts.yml with __role_hosts_all_or_none)."""
