@@ -70,10 +70,20 @@ def test_the_alerts_fire_as_the_rule_tests_say(rendered):
     assert "SUCCESS" in out, out
 
 
-def test_the_rules_watch_the_mounts_that_hold_the_temp_dir(rendered):
+def test_each_node_names_the_filesystem_of_its_temp_dir_in_a_textfile_metric_the_rule_joins_on(rendered):
+    """The rule needs no other node's probe (a node the run leaves alone keeps its textfile): each node's textfile
+    passes promtool's lint and names its own mount, escaped for the exposition format."""
+    expected = {"head": "/", "worker1": "/", "worker2": "/scratch.d", "escaped": '/mnt/a \\"b\\"\\\\c'}
+    for name, mount in expected.items():
+        text = (rendered / ("raymetal_ray_temp_dir.%s.prom" % name)).read_text()
+        proc = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert proc.returncode == 0, (name, text, proc.stdout + proc.stderr)
+        assert text.splitlines()[-1] == 'raymetal_ray_temp_dir_mount{mountpoint="%s"} 1' % mount, (name, text)
     rules = yaml.safe_load((rendered / "raymetal-alerts.yml").read_text())
     expr = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}["RayTempDirFilling"]
-    assert r"mountpoint=~`/|/scratch\.d`" in expr, expr
+    assert 'and on (instance, mountpoint) raymetal_ray_temp_dir_mount{job="node"} == 1' in expr, expr
+    assert "mountpoint=~" not in expr, expr
 
 
 def test_the_targets_cover_every_ray_metrics_port_and_node_exporter_with_host_labels(rendered):
