@@ -1,8 +1,8 @@
 """Monitoring on the lab: Prometheus on the head (the monitoring host), node_exporter on every node.
 
 Both came from the lab's apt mirror (lab/mirror-packages.txt) during the
-shared `cluster` deploy; the lab inventory turns monitoring on with a 5 s
-scrape interval and a 20 s RayNodeDown window. Prometheus's API is asked on
+shared `cluster` deploy; the lab inventory turns monitoring on with the
+role's 15 s scrape interval and a 20 s RayNodeDown window. Prometheus's API is asked on
 the head (its port is closed to everything else but loopback and admin networks).
 """
 
@@ -67,6 +67,21 @@ def test_a_ray_metric_has_one_series_per_node_labelled_with_its_host(cluster, la
     assert labkit.wait_until(series, 90, interval=3, what="ray_node_mem_used for every host") == sorted(lab)
 
 
+def test_each_node_names_the_filesystem_of_its_ray_temp_dir_that_the_disk_alert_watches(cluster, lab):
+    """RayTempDirFilling joins node_exporter's filesystems on raymetal_ray_temp_dir_mount: one series per node, in
+    node_exporter's job, naming the mount point that holds the node's Ray temp dir as the node itself resolves it."""
+    want = {name: labkit.sh(name, 'findmnt -n -o TARGET -T "$(sed -n "s/^RAY_TMPDIR=//p" /etc/ray/ray.env)"').stdout.strip()
+            for name in lab}
+    assert all(want.values()), want
+
+    def series():
+        result = prom(lab, "/api/v1/query", query='raymetal_ray_temp_dir_mount{job="node"} == 1')["data"]["result"]
+        got = {r["metric"].get("host"): r["metric"].get("mountpoint") for r in result}
+        return got if len(result) == len(lab) and got == want else False
+
+    assert labkit.wait_until(series, 90, interval=3, what="raymetal_ray_temp_dir_mount for every host") == want
+
+
 def test_the_dashboard_uses_this_prometheus(cluster, lab):
     env = labkit.sh(HEAD, "cat /etc/ray/ray.env").stdout
     assert f"RAY_PROMETHEUS_HOST=http://{lab[HEAD]['lab_fabric_ip']}:9090" in env
@@ -112,7 +127,7 @@ def test_a_stopped_worker_goes_down_and_fires_ray_node_down(cluster, lab):
         labkit.wait_until(lambda: targets(lab)[("ray_node", name)] == "down", 60, interval=2,
                           what=f"ray_node target of {name} down")
         assert targets(lab)[("node", name)] == "up"
-        # for: 20s in the lab inventory, evaluated every 5 s.
+        # for: 20s in the lab inventory, evaluated every 15 s (the role's default scrape and evaluation interval).
         firing = labkit.wait_until(alert_firing, 90, interval=3, what=f"RayNodeDown firing for {name}")
         assert firing[0]["labels"]["job"] == "ray_node"
     finally:
